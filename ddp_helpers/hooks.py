@@ -1,0 +1,71 @@
+"""A DDP communication hook that records each bucket's local gradient, then all-reduces it as DDP would."""
+# No "from __future__ import annotations": DDP checks the hook's annotations at runtime.
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+
+class GradRecorder:
+    """State handed to the hook: what it saw in this backward pass, and what it sent in total."""
+
+    def __init__(self, compress: str = "allreduce", record: bool = True):
+        self.compress = compress  # "allreduce" (exact, float32) or "fp16" (half the bytes, rounded)
+        self.record = record  # False = the bare loop: only count, no norms
+        self.capture = False  # set for steps whose full local gradient is kept
+        self.local_sq: List[torch.Tensor] = []  # squared L2 norm of each bucket before the all-reduce
+        self.synced_sq: List[torch.Tensor] = []  # ... and after it (what optimizer.step will use)
+        self.local_grads: Dict[int, torch.Tensor] = {}  # id(param) -> local gradient copy, when capturing
+        self.bytes_sent = 0  # payload handed to all-reduce, summed over the run
+        self.calls = 0  # hook calls = buckets all-reduced
+
+    def start_step(self, capture: bool) -> None:
+        """Forget the previous step's buckets."""
+        self.local_sq.clear()
+        self.synced_sq.clear()
+        self.local_grads.clear()
+        self.capture = capture
+
+    def norms(self) -> Optional[torch.Tensor]:
+        """[local, synced] gradient norms over all buckets since start_step (None when no all-reduce ran)."""
+        if not self.local_sq:
+            return None
+        if len(self.local_sq) == 1:  # the usual case for small models: one bucket, no extra ops
+            return torch.stack([self.local_sq[0], self.synced_sq[0]]).sqrt()
+        return torch.stack([torch.stack(self.local_sq).sum(), torch.stack(self.synced_sq).sum()]).sqrt()
+
+
+def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Record the bucket's local gradient, then average it across ranks (what DDP's default hook does)."""
+    buf = bucket.buffer()  # this rank's gradients for the bucket, flattened: still local at this point
+    if state.record:
+        state.local_sq.append(torch.linalg.vector_norm(buf).square())
+        if state.capture:
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                state.local_grads[id(p)] = g.detach().clone()
+    state.calls += 1
+    world = dist.get_world_size()
+    if state.compress == "fp16":
+        # Send half the bytes: divide first so the fp16 sum can't overflow, then decompress into the bucket.
+        payload = buf.to(torch.float16).div_(world)
+        state.bytes_sent += payload.numel() * payload.element_size()
+        fut = dist.all_reduce(payload, async_op=True).get_future()
+
+        def decompress(f: torch.futures.Future) -> torch.Tensor:
+            buf.copy_(f.value()[0])
+            if state.record:
+                state.synced_sq.append(torch.linalg.vector_norm(buf).square())
+            return buf
+
+        return fut.then(decompress)
+    buf.div_(world)  # sum of (g_r / N) over ranks = the mean gradient, identical on every rank
+    state.bytes_sent += buf.numel() * buf.element_size()
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        out = f.value()[0]
+        if state.record:  # the averaged gradient, identical on every rank
+            state.synced_sq.append(torch.linalg.vector_norm(out).square())
+        return out
+
+    return fut.then(done)

@@ -1,0 +1,129 @@
+"""Figures that show the synchronization: per-rank losses, local vs synced gradient norms, fingerprints, shards.
+
+Each function returns a matplotlib Figure built without pyplot, so a notebook shows it exactly once
+(as the cell's value) and scripts can save it with fig.savefig(...).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+from matplotlib.colors import hsv_to_rgb
+from matplotlib.figure import Figure
+
+from .telemetry import TrainResult
+
+RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def _color(rank: int) -> str:
+    return RANK_COLORS[rank % len(RANK_COLORS)]
+
+
+def _smooth(y: np.ndarray, window: int) -> np.ndarray:
+    if window <= 1 or len(y) < window:
+        return y
+    kernel = np.ones(window) / window
+    return np.convolve(y, kernel, mode="valid")
+
+
+def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None, smooth: int = 1) -> Figure:
+    """Each rank's loss per step (different data, so different curves), optionally with a one-process reference."""
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    for r in result.ranks:
+        y = _smooth(r.loss, smooth)
+        ax.plot(r.step[len(r.step) - len(y):], y, color=_color(r.rank), lw=1.2, label=f"rank {r.rank}")
+    if reference_loss is not None:
+        y = _smooth(np.asarray(reference_loss), smooth)
+        first = int(result.ranks[0].step[0]) if result.n_steps else 0
+        ax.plot(np.arange(first, first + len(y)) + (len(reference_loss) - len(y)), y, color="black", lw=1.0,
+                ls="--", label="one process, global batch")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy loss" + (f" ({smooth}-step mean)" if smooth > 1 else ""))
+    ax.set_title(f"Per-rank loss ({result.dataset}, {result.world_size} ranks)")
+    ax.legend(loc="upper right")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Figure:
+    """Local gradient norms differ by rank; after the all-reduce every rank holds the same gradient."""
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    n = result.n_steps if max_steps is None else min(max_steps, result.n_steps)
+    for r in result.ranks:
+        ax.plot(r.step[:n], r.local_grad_norm[:n], color=_color(r.rank), lw=1.0, alpha=0.8,
+                label=f"rank {r.rank}: local (before all-reduce)")
+    for r in result.ranks:
+        ax.plot(r.step[:n], r.synced_grad_norm[:n], color="black" if r.rank == 0 else _color(r.rank),
+                lw=2.2 if r.rank == 0 else 1.0, ls="-" if r.rank == 0 else ":",
+                label=f"rank {r.rank}: synced (after)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("gradient L2 norm")
+    ax.set_title("Local vs synchronized gradient norms")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _fp_color(fp: str) -> np.ndarray:
+    hue = (int(fp[:6], 16) % 997) / 997.0
+    return hsv_to_rgb([hue, 0.65, 0.9])
+
+
+def plot_fingerprints(result: TrainResult, max_steps: int = 60) -> Figure:
+    """One colored cell per (rank, step), colored by the parameter fingerprint: equal columns = equal replicas."""
+    n = min(max_steps, result.n_steps)
+    fig = Figure(figsize=(7, 1.2 + 0.45 * result.world_size + 1.3), layout="constrained")
+    ax, ax2 = fig.subplots(2, 1, height_ratios=[max(result.world_size, 1), 2])
+    img = np.array([[_fp_color(r.param_fingerprint[i]) for i in range(n)] for r in result.ranks])
+    steps = result.ranks[0].step[:n] if n else np.arange(0)
+    extent = (steps[0] - 0.5, steps[-1] + 0.5, result.world_size - 0.5, -0.5) if n else None
+    ax.imshow(img, aspect="auto", interpolation="nearest", extent=extent)
+    ax.set_yticks(range(result.world_size), [f"rank {r.rank}" for r in result.ranks])
+    ax.set_title(f"Parameter fingerprint after each step (first {n} steps; color = hash)")
+    distinct = [len({r.param_fingerprint[i] for r in result.ranks}) for i in range(result.n_steps)]
+    ax2.step(result.ranks[0].step[:result.n_steps], distinct, where="mid", color="black")
+    ax2.set_ylim(0, max(result.world_size, 2) + 0.5)
+    ax2.set_ylabel("distinct")
+    ax2.set_xlabel("optimizer step (all steps)")
+    return fig
+
+
+def plot_shards(indices_by_rank: Dict[str, Sequence[int]], n: int, title: str = "Which samples each rank sees",
+                max_points: int = 400) -> Figure:
+    """Position in a rank's epoch (x) vs sample index (y): disjoint shards fill different points."""
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    for k, (label, idx) in enumerate(indices_by_rank.items()):
+        idx = np.asarray(idx)[:max_points]
+        ax.scatter(np.arange(len(idx)), idx, s=8 if k == 0 else 14, marker="o" if k % 2 == 0 else "x",
+                   color=_color(k), label=label, alpha=0.8)
+    ax.set_ylim(-0.02 * n, 1.02 * n)
+    ax.set_xlabel("position in the rank's epoch")
+    ax.set_ylabel("sample index")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def plot_captured_grads(result: TrainResult, step: int = 0, max_points: int = 2000) -> Figure:
+    """Scatter of rank 0's vs rank 1's gradient entries at one step, before and after the all-reduce."""
+    cap = result.captured_grads[step]
+    local, synced = cap["local"], cap["synced"]
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    a1, a2 = fig.subplots(1, 2, sharex=True, sharey=True)
+    m = min(max_points, local.shape[1])
+    sel = np.linspace(0, local.shape[1] - 1, m).astype(int)
+    other = 1 if local.shape[0] > 1 else 0
+    a1.scatter(local[0, sel], local[other, sel], s=4, color=_color(1))
+    a1.set_title(f"step {step}: local gradients")
+    a2.scatter(synced[0, sel], synced[other, sel], s=4, color="black")
+    a2.set_title("after all-reduce")
+    for a in (a1, a2):
+        lo, hi = float(min(local.min(), synced.min())), float(max(local.max(), synced.max()))
+        a.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls="--")
+        a.set_xlabel("rank 0 entry")
+    a1.set_ylabel(f"rank {other} entry")
+    return fig

@@ -1,0 +1,277 @@
+"""Per-rank, per-step records: shared-memory buffers the ranks write and the TrainResult the parent returns."""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+# Columns of the float64 step table.
+F_LOSS, F_LOCAL, F_SYNCED, F_TIME, F_START = range(5)
+# Columns of the int64 step table.
+I_STEP, I_FPRINT, I_SAMPLES = range(3)
+# Columns of the per-rank summary row.
+(R_T_INIT, R_T_FIRST, R_T_END, R_CORRECT, R_TOTAL, R_RSS, R_CUDA, R_THREADS, R_BYTES, R_ALLREDUCES,
+ R_EPOCH_SAMPLES) = range(11)
+N_RANK_FIELDS = 11
+
+RESULT_FORMAT = "ddp_helpers.TrainResult/1"
+
+
+class TelemetryBuffers:
+    """Tensors in shared memory: each rank fills its own row, so the parent keeps every finished step even if a
+    rank dies (nothing to flush, nothing to lose)."""
+
+    def __init__(self, world_size: int, max_steps: int, samples_per_step: int, n_capture: int, n_params: int):
+        self.f64 = torch.full((world_size, max_steps, 5), float("nan"), dtype=torch.float64).share_memory_()
+        self.i64 = torch.zeros((world_size, max_steps, 3), dtype=torch.int64).share_memory_()
+        self.samples = torch.full((world_size, max_steps, samples_per_step), -1, dtype=torch.int32).share_memory_()
+        self.count = torch.zeros(world_size, dtype=torch.int64).share_memory_()  # steps done: rows below are final
+        self.rank_info = torch.full((world_size, N_RANK_FIELDS), float("nan"), dtype=torch.float64).share_memory_()
+        self.captures = torch.zeros((world_size, max(n_capture, 1), 2, n_params), dtype=torch.float32).share_memory_()
+        self.capture_done = torch.zeros((world_size, max(n_capture, 1)), dtype=torch.bool).share_memory_()
+
+    @property
+    def capacity(self) -> int:
+        """Rows available per rank."""
+        return self.f64.shape[1]
+
+    def progress(self) -> int:
+        """Steps finished by the slowest rank."""
+        return int(self.count.min())
+
+
+def _enc(a: np.ndarray) -> dict:
+    a = np.ascontiguousarray(a)
+    return {"dtype": a.dtype.str, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _dec(d: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(d["b64"]), dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()
+
+
+def _clean(x: Any) -> Any:
+    """Replace non-finite floats by None, recursively, so the file is strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _num(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _floats(a: np.ndarray) -> list:
+    return [None if not math.isfinite(x) else float(x) for x in a.tolist()]
+
+
+@dataclass
+class RankRecords:
+    """One rank's per-step series (arrays of equal length: one entry per optimizer step)."""
+
+    rank: int
+    step: np.ndarray  # global step number (continues after a resume)
+    loss: np.ndarray  # this rank's mean loss on its own batch
+    local_grad_norm: np.ndarray  # L2 norm of this rank's gradient, before the all-reduce
+    synced_grad_norm: np.ndarray  # L2 norm of the gradient after the all-reduce (the one optimizer.step uses)
+    param_fingerprint: List[str]  # 16 hex digits hashing all parameters after the step
+    samples_hash: List[str]  # 16 hex digits hashing the sample indices the step used
+    sample_indices: np.ndarray  # (steps, samples per step) int32, -1 where a last batch was short
+    step_time_s: np.ndarray  # wall time of the step on this rank
+    step_start_s: np.ndarray  # monotonic clock at the step's start (shared by all processes on a machine)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+@dataclass
+class TrainResult:
+    """What run_training returns: per-rank records plus accuracy, timings and the config that produced them."""
+
+    config: Dict[str, Any]
+    backend: str
+    dataset: str  # the data set actually used (after an offline fallback)
+    data_source: str
+    ranks: List[RankRecords]
+    test_accuracy: float
+    wall_time_s: float  # launch to the end of the last rank
+    startup_s: float  # launch to the first step (the slowest rank's)
+    loop_time_s: float  # first step to the last step's end (the slowest rank's)
+    peak_rss_mb: List[float]  # per rank (its DataLoader workers included)
+    parent_rss_mb: float
+    bytes_allreduced: List[float]  # per rank, gradient bytes handed to all-reduce
+    allreduce_calls: List[int]  # per rank, communication-hook calls (one per bucket per synchronized backward)
+    captured_grads: Dict[int, Dict[str, np.ndarray]] = field(default_factory=dict)  # step -> local/synced (W, P)
+    final_params: Optional[np.ndarray] = None  # rank 0's flattened parameters at the end
+    notes: List[str] = field(default_factory=list)
+    complete: bool = True  # False for the partial result kept when a run failed
+
+    # ------------------------------------------------------------------------------------ views
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+    @property
+    def n_steps(self) -> int:
+        """Steps every rank finished."""
+        return min((len(r) for r in self.ranks), default=0)
+
+    @property
+    def steps_per_s(self) -> float:
+        """Optimizer steps per second of training loop."""
+        return self.n_steps / self.loop_time_s if self.loop_time_s > 0 else float("nan")
+
+    def fingerprints_agree(self) -> bool:
+        """True when all ranks had bitwise-equal parameters after every common step."""
+        n = self.n_steps
+        first = self.ranks[0].param_fingerprint[:n]
+        return all(r.param_fingerprint[:n] == first for r in self.ranks[1:])
+
+    def synced_norms_agree(self) -> bool:
+        """True when every rank's synchronized gradient norm is identical at every common step."""
+        n = self.n_steps
+        a = self.ranks[0].synced_grad_norm[:n]
+        return all(np.array_equal(r.synced_grad_norm[:n], a) for r in self.ranks[1:])
+
+    def records(self) -> List[Dict[str, Any]]:
+        """One flat dict per (rank, step), e.g. for pandas.DataFrame(result.records())."""
+        out = []
+        for r in self.ranks:
+            for i in range(len(r)):
+                out.append({
+                    "rank": r.rank, "step": int(r.step[i]), "loss": float(r.loss[i]),
+                    "local_grad_norm": float(r.local_grad_norm[i]), "synced_grad_norm": float(r.synced_grad_norm[i]),
+                    "param_fingerprint": r.param_fingerprint[i], "samples_hash": r.samples_hash[i],
+                    "step_time_s": float(r.step_time_s[i]),
+                })
+        return out
+
+    def summary(self, digits: int = 4) -> str:
+        """A short, deterministic text summary (no timings), safe to print in regression-tested notebooks."""
+        lines = [f"dataset={self.dataset} backend={self.backend} world_size={self.world_size} steps={self.n_steps}"]
+        for r in self.ranks:
+            if len(r):
+                lines.append(f"rank {r.rank}: first loss {r.loss[0]:.{digits}f}, last loss {r.loss[-1]:.{digits}f}")
+        lines.append(f"parameters identical on all ranks after every step: {self.fingerprints_agree()}")
+        lines.append(f"test accuracy: {self.test_accuracy:.{digits}f}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------------------------ files
+    def to_dict(self) -> dict:
+        """JSON-able dict (arrays of numbers as base64 with dtype and shape; NaN as null)."""
+        return _clean({
+            "format": RESULT_FORMAT,
+            "config": self.config, "backend": self.backend, "dataset": self.dataset, "data_source": self.data_source,
+            "test_accuracy": self.test_accuracy, "wall_time_s": self.wall_time_s, "startup_s": self.startup_s,
+            "loop_time_s": self.loop_time_s, "peak_rss_mb": self.peak_rss_mb, "parent_rss_mb": self.parent_rss_mb,
+            "bytes_allreduced": self.bytes_allreduced, "allreduce_calls": self.allreduce_calls,
+            "notes": self.notes, "complete": self.complete,
+            "final_params": None if self.final_params is None else _enc(self.final_params),
+            "captured_grads": {str(k): {n: _enc(a) for n, a in v.items()} for k, v in self.captured_grads.items()},
+            "ranks": [{
+                "rank": r.rank, "step": r.step.tolist(), "loss": _floats(r.loss),
+                "local_grad_norm": _floats(r.local_grad_norm), "synced_grad_norm": _floats(r.synced_grad_norm),
+                "param_fingerprint": r.param_fingerprint, "samples_hash": r.samples_hash,
+                "sample_indices": _enc(r.sample_indices), "step_time_s": _floats(r.step_time_s),
+                "step_start_s": _floats(r.step_start_s),
+            } for r in self.ranks],
+        })
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainResult":
+        """Inverse of to_dict."""
+        if d.get("format") != RESULT_FORMAT:
+            raise ValueError(f"not a {RESULT_FORMAT} file (format={d.get('format')!r})")
+
+        def arr(x):
+            return np.array([np.nan if v is None else v for v in x], dtype=np.float64)
+
+        ranks = [RankRecords(
+            rank=r["rank"], step=np.array(r["step"], dtype=np.int64), loss=arr(r["loss"]),
+            local_grad_norm=arr(r["local_grad_norm"]), synced_grad_norm=arr(r["synced_grad_norm"]),
+            param_fingerprint=list(r["param_fingerprint"]), samples_hash=list(r["samples_hash"]),
+            sample_indices=_dec(r["sample_indices"]), step_time_s=arr(r["step_time_s"]),
+            step_start_s=arr(r["step_start_s"]),
+        ) for r in d["ranks"]]
+        return cls(
+            config=d["config"], backend=d["backend"], dataset=d["dataset"], data_source=d["data_source"], ranks=ranks,
+            test_accuracy=_num(d["test_accuracy"]), wall_time_s=_num(d["wall_time_s"]),
+            startup_s=_num(d["startup_s"]), loop_time_s=_num(d["loop_time_s"]),
+            peak_rss_mb=[_num(x) for x in d["peak_rss_mb"]], parent_rss_mb=_num(d["parent_rss_mb"]),
+            bytes_allreduced=[_num(x) for x in d["bytes_allreduced"]], allreduce_calls=d["allreduce_calls"],
+            captured_grads={int(k): {n: _dec(a) for n, a in v.items()} for k, v in d["captured_grads"].items()},
+            final_params=None if d["final_params"] is None else _dec(d["final_params"]),
+            notes=d.get("notes", []), complete=d.get("complete", True),
+        )
+
+    def save(self, path: str) -> str:
+        """Write the result as JSON (atomically) and return the path."""
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(self.to_dict(), fh, allow_nan=False)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> "TrainResult":
+        """Read a file written by save()."""
+        with open(path) as fh:
+            return cls.from_dict(json.load(fh))
+
+
+def hex64(x: int) -> str:
+    """Signed 64-bit int -> 16 hex digits."""
+    return f"{x & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def collect_result(buffers: TelemetryBuffers, config: dict, backend: str, dataset: str, data_source: str,
+                   t_launch: float, t_done: float, capture_steps: tuple, final_params: Optional[np.ndarray],
+                   parent_rss_mb: float, complete: bool = True) -> TrainResult:
+    """Turn the shared buffers (as far as each rank got) into a TrainResult."""
+    ranks = []
+    W = buffers.f64.shape[0]
+    for r in range(W):
+        n = int(buffers.count[r])
+        f = buffers.f64[r, :n].numpy()
+        i = buffers.i64[r, :n].numpy()
+        ranks.append(RankRecords(
+            rank=r, step=i[:, I_STEP].copy(), loss=f[:, F_LOSS].copy(), local_grad_norm=f[:, F_LOCAL].copy(),
+            synced_grad_norm=f[:, F_SYNCED].copy(), param_fingerprint=[hex64(int(x)) for x in i[:, I_FPRINT]],
+            samples_hash=[hex64(int(x)) for x in i[:, I_SAMPLES]], sample_indices=buffers.samples[r, :n].numpy().copy(),
+            step_time_s=f[:, F_TIME].copy(), step_start_s=f[:, F_START].copy(),
+        ))
+    info = buffers.rank_info.numpy()
+    firsts = info[:, R_T_FIRST]
+    ends = info[:, R_T_END]
+    startup = float(np.nanmax(firsts) - t_launch) if np.isfinite(firsts).any() else float("nan")
+    loop = float(np.nanmax(ends - firsts)) if np.isfinite(ends - firsts).any() else float("nan")
+    correct, total = info[0, R_CORRECT], info[0, R_TOTAL]
+    acc = float(correct / total) if np.isfinite(total) and total > 0 else float("nan")
+    captured: Dict[int, Dict[str, np.ndarray]] = {}
+    for ci, s in enumerate(capture_steps):
+        if bool(buffers.capture_done[:, ci].all()):
+            captured[int(s)] = {"local": buffers.captures[:, ci, 0].numpy().copy(),
+                                "synced": buffers.captures[:, ci, 1].numpy().copy()}
+
+    def per_rank(col, scale=1.0):
+        return [float(x) * scale if math.isfinite(x) else float("nan") for x in info[:, col]]
+
+    return TrainResult(
+        config=config, backend=backend, dataset=dataset, data_source=data_source, ranks=ranks, test_accuracy=acc,
+        wall_time_s=t_done - t_launch, startup_s=startup, loop_time_s=loop,
+        peak_rss_mb=per_rank(R_RSS, 1 / 2**20), parent_rss_mb=parent_rss_mb,
+        bytes_allreduced=per_rank(R_BYTES), allreduce_calls=[int(x) if math.isfinite(x) else 0 for x in info[:, R_ALLREDUCES]],
+        captured_grads=captured, final_params=final_params, complete=complete,
+    )

@@ -1,0 +1,164 @@
+"""Command line: `python -m ddp_helpers.train [flags]` spawns the ranks itself; under torchrun each process is a rank.
+
+Writes result.json and the three plots (loss.png, grad_norms.png, fingerprints.png) into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+import time
+import typing
+from typing import List, Optional
+
+from .config import TrainConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddp_helpers.train", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        if hint is bool:
+            p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes", "on"), default=f.default,
+                           metavar="BOOL")
+        elif f.name == "capture_grad_steps":
+            p.add_argument(flag, type=int, nargs="*", default=list(f.default), metavar="STEP")
+        else:
+            base = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Union else hint
+            p.add_argument(flag, type=base, default=f.default)
+    p.add_argument("--out", default="runs/latest", help="folder for result.json and the plots")
+    p.add_argument("--no-plots", action="store_true", help="write result.json only")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """TrainConfig from parsed flags."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    values["capture_grad_steps"] = tuple(values["capture_grad_steps"])
+    return TrainConfig(**values)
+
+
+def write_outputs(result, out: str, plots: bool = True) -> List[str]:
+    """Save result.json and the plots; return the paths written."""
+    os.makedirs(out, exist_ok=True)
+    paths = [result.save(os.path.join(out, "result.json"))]
+    if plots:
+        from . import plots as P
+
+        for name, fig in (("loss.png", P.plot_losses(result, smooth=10)), ("grad_norms.png", P.plot_grad_norms(result)),
+                          ("fingerprints.png", P.plot_fingerprints(result))):
+            path = os.path.join(out, name)
+            fig.savefig(path, dpi=110)
+            paths.append(path)
+    return paths
+
+
+def _under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
+    """One rank of a torchrun job: init from the environment, train, gather telemetry on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from . import worker
+    from .config import default_threads, resolve_backend
+    from .data import load_data
+    from .model import build_model, n_params
+    from .telemetry import TelemetryBuffers, collect_result
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != cfg.world_size:
+        cfg = cfg.replace(world_size=world)  # torchrun's --nproc-per-node x --nnodes decides
+    cfg_checked = cfg.replace(master_port=0)  # torchrun owns the port; don't test whether it is free
+    from .config import check_types
+
+    check_types(cfg_checked)
+    backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    torch.set_num_threads(cfg.threads_per_rank or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    t_launch = time.monotonic()
+    # env:// reads MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE that torchrun set for this process.
+    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    try:
+        if rank == 0:
+            data = load_data(cfg)  # rank 0 downloads first ...
+        dist.barrier()
+        if rank != 0:
+            data = load_data(cfg, quiet=True)  # ... the others then read the files it wrote
+        start = 0
+        if cfg.resume_from:
+            from .checkpoint import load_checkpoint
+
+            start = int(load_checkpoint(cfg.resume_from)["step"])
+        _, first, end = worker.plan_steps(cfg, len(data.train_labels), world, start)
+        buf = TelemetryBuffers(world, max(end - first, 1), cfg.batch_size * cfg.accumulation_steps,
+                               len(cfg.capture_grad_steps), n_params(build_model(cfg.seed)))
+        out_summary = worker.train(rank, world, cfg, backend, data, buf)
+        # Each process filled only its own row: gather the rows on rank 0 (objects, so gloo and nccl both work).
+        mine = {k: getattr(buf, k)[rank].clone() for k in ("f64", "i64", "samples", "rank_info", "captures",
+                                                            "capture_done")}
+        mine["count"] = int(buf.count[rank])
+        rows = [None] * world
+        dist.all_gather_object(rows, mine)
+        if rank != 0:
+            return None
+        for r, row in enumerate(rows):
+            for k in ("f64", "i64", "samples", "rank_info", "captures", "capture_done"):
+                getattr(buf, k)[r] = row[k]
+            buf.count[r] = row["count"]
+        import resource
+
+        result = collect_result(buf, cfg.to_dict(), backend, data.name, data.source, t_launch, time.monotonic(),
+                                cfg.capture_grad_steps, out_summary["final_params"],
+                                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        write_outputs(result, out, plots)
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point for both the spawn launcher and torchrun."""
+    args = _parser().parse_args(argv)
+    from .config import ConfigError
+    from .data import DataError
+    from .launcher import LaunchError, RankFailedError
+
+    try:
+        cfg = config_from_args(args)
+        if _under_torchrun():
+            result = run_torchrun(cfg, args.out, not args.no_plots)
+            if result is None:
+                return 0
+        else:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            from .runner import run_training
+
+            result = run_training(cfg)
+            write_outputs(result, args.out, not args.no_plots)
+    except (ConfigError, DataError, LaunchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RankFailedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if e.partial_result is not None:
+            path = e.partial_result.save(os.path.join(args.out, "partial_result.json"))
+            print(f"metrics collected before the failure: {path}", file=sys.stderr)
+        return 1
+    print(result.summary())
+    print(f"wall {result.wall_time_s:.2f} s, start-up {result.startup_s:.2f} s, training loop {result.loop_time_s:.2f} s "
+          f"({result.steps_per_s:.0f} steps/s)")
+    print(f"wrote {os.path.join(args.out, 'result.json')}" + ("" if args.no_plots else " and 3 plots"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
