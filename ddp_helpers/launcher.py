@@ -225,6 +225,13 @@ def _failure(codes: Sequence[Optional[int]], errors: dict, done: set, log_dir: s
         err = RankFailedError(r, f"process was killed by signal {name} (exit code {codes[r]})",
                               log_tail=_log_tail(log_dir, r), others=others)
         return err
+    silent = [r for r, c in enumerate(codes) if c is None and r not in errors and r not in done]
+    if errors and silent and all(_is_comm_error(tb) for _, tb, _ in errors.values()):
+        # Everyone who spoke only lost a peer; a rank that neither finished nor failed is the one stuck.
+        r = silent[0]
+        return RankFailedError(r, "stopped responding: the other ranks timed out waiting for it in a collective "
+                                  "(a hang, a deadlock, or a rank that skipped a collective); it was then terminated",
+                               log_tail=_log_tail(log_dir, r), others=others)
     if errors:
         primary = [r for r, (_, tb, _) in sorted(errors.items()) if not _is_comm_error(tb)]
         r = primary[0] if primary else min(errors)
