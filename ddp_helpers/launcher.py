@@ -149,6 +149,10 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     A rank that fails ends all of them and raises RankFailedError; Ctrl-C ends them all and re-raises.
     """
     backend = check_launch(world_size, backend, start_method, host, port)
+    if start_method == "fork":
+        # DDP's constructor imports torch._dynamo (~3 s here). Importing it once in the parent means every
+        # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
+        import torch._dynamo  # noqa: F401
     threads = threads_per_rank or default_threads(world_size)
     timeout = datetime.timedelta(seconds=timeout_s)
     # The store is the rendezvous: binding port 0 lets the OS pick a free port, and holding it open while the
