@@ -22,6 +22,7 @@ from .config import ConfigError, check_address, default_threads, resolve_backend
 
 START_METHODS = ("spawn", "fork")
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
+SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step
 
 
 class LaunchError(RuntimeError):
@@ -166,34 +167,31 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
                                  start_method=start_method)
     procs = context.processes
     outputs: List[Any] = [None] * world_size
-    done = set()
-    errors = {}
+    done: set = set()
+    errors: dict = {}
+
+    def drain() -> List[int]:
+        """Read every waiting report; return the ranks that ended without reporting success."""
+        while not results.empty():
+            msg = results.get()
+            if msg[0] == "ok":
+                outputs[msg[1]] = pickle.loads(msg[2])
+                done.add(msg[1])
+            else:
+                errors[msg[1]] = msg[2:]
+        return [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
+
     try:
         while len(done) < world_size:
             if on_poll is not None:
                 on_poll()
             multiprocessing.connection.wait([results._reader] + [p.sentinel for p in procs], poll_s)
-            while not results.empty():
-                msg = results.get()
-                if msg[0] == "ok":
-                    outputs[msg[1]] = pickle.loads(msg[2])
-                    done.add(msg[1])
-                else:
-                    errors[msg[1]] = msg[2:]
-            exited = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
+            exited = drain()
             if errors or exited:
-                # A rank died without reporting success. Give the others a moment to report their side.
-                if exited and not errors:
-                    time.sleep(0.2)
-                    while not results.empty():
-                        msg = results.get()
-                        if msg[0] == "ok":
-                            outputs[msg[1]] = pickle.loads(msg[2])
-                            done.add(msg[1])
-                        else:
-                            errors[msg[1]] = msg[2:]
-                exited = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
-                if errors or exited:
+                # Something went wrong. Let the others finish the step they are on and report their side
+                # (a survivor is usually blocked in a collective by now), then end them all.
+                time.sleep(SETTLE_S)
+                if drain() or errors:
                     codes = [p.exitcode for p in procs]  # before we stop the rest: who ended on their own
                     stop_processes(procs)
                     raise _failure(codes, errors, done, log_dir)

@@ -58,7 +58,7 @@ def train_single_process(cfg: TrainConfig, data: Optional[DataSplits] = None,
             loss = F.cross_entropy(model(images[idx]), data.train_labels[idx])
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             prints.append(f"{fingerprint(list(model.parameters())) & 0xFFFFFFFFFFFFFFFF:016x}")
             step += 1
     return ReferenceResult(np.array(losses), prints, flat_params(model).numpy())

@@ -1,0 +1,87 @@
+"""Result files, the command line (spawn) and the same module under torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ddp_helpers import TrainResult
+
+ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
+
+
+def test_save_load_round_trip(small_run, tmp_path):
+    path = small_run.save(str(tmp_path / "r.json"))
+    text = open(path).read()
+    json.loads(text)  # strict JSON: no NaN tokens, no pickle
+    back = TrainResult.load(path)
+    assert back.config == small_run.config and back.dataset == small_run.dataset
+    assert back.test_accuracy == small_run.test_accuracy
+    for a, b in zip(small_run.ranks, back.ranks):
+        for field in ("step", "loss", "local_grad_norm", "synced_grad_norm", "sample_indices", "step_time_s"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), field
+        assert a.param_fingerprint == b.param_fingerprint and a.samples_hash == b.samples_hash
+    assert np.array_equal(back.final_params, small_run.final_params)
+    assert sorted(back.captured_grads) == sorted(small_run.captured_grads)
+    assert np.array_equal(back.captured_grads[3]["local"], small_run.captured_grads[3]["local"])
+    assert back.records()[5] == small_run.records()[5]
+
+
+def test_load_rejects_other_files(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not a ddp_helpers.TrainResult"):
+        TrainResult.load(str(p))
+
+
+def _cli(args, cwd, **kw):
+    return subprocess.run([sys.executable, "-m", "ddp_helpers.train", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=180, **kw)
+
+
+def test_cli_end_to_end(tmp_path, small_run):
+    out = tmp_path / "run"
+    p = _cli(["--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--out", str(out)], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "parameters identical on all ranks after every step: True" in p.stdout
+    assert sorted(os.listdir(out)) == ["fingerprints.png", "grad_norms.png", "loss.png", "result.json"]
+    for png in ("loss.png", "grad_norms.png", "fingerprints.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = TrainResult.load(str(out / "result.json"))
+    assert res.ranks[0].param_fingerprint == small_run.ranks[0].param_fingerprint  # same config, same run
+
+
+def test_cli_bad_flag_value_is_a_clear_error(tmp_path):
+    p = _cli(["--batch-size", "0", "--out", str(tmp_path / "x")], tmp_path)
+    assert p.returncode == 2
+    assert "TrainConfig.batch_size=0" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_failure_keeps_partial_metrics(tmp_path):
+    out = tmp_path / "run"
+    p = _cli(["--dataset", "mnist-5k", "--max-steps", "8", "--fault-rank", "1", "--fault-step", "4",
+              "--out", str(out)], tmp_path)
+    assert p.returncode == 1
+    assert "rank 1 failed" in p.stderr and "InjectedFault" in p.stderr
+    partial = TrainResult.load(str(out / "partial_result.json"))
+    assert not partial.complete and partial.n_steps == 4
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed next to this Python")
+def test_torchrun_gives_the_same_run(tmp_path, small_run):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    out = tmp_path / "tr"
+    p = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddp_helpers.train",
+                        "--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--out", str(out)],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = TrainResult.load(str(out / "result.json"))
+    assert res.world_size == 2 and res.fingerprints_agree()
+    assert res.ranks[1].param_fingerprint == small_run.ranks[1].param_fingerprint
+    assert res.test_accuracy == small_run.test_accuracy

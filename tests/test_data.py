@@ -1,0 +1,152 @@
+"""Data: DistributedSampler shards, the offline sources, the MNIST fallback, and clear errors for bad files."""
+from __future__ import annotations
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from ddp_helpers import TrainConfig, normalize, shard_indices
+from ddp_helpers import data as D
+
+
+@pytest.mark.parametrize("n,world", [(4000, 2), (4000, 3), (10, 4), (60000, 2), (7, 2)])
+def test_shards_are_disjoint_cover_and_equal_length(n, world):
+    shards = [shard_indices(n, r, world, seed=0, epoch=0).tolist() for r in range(world)]
+    assert len({len(s) for s in shards}) == 1, "every rank must get the same number of samples (no hang)"
+    total = sum(len(s) for s in shards)
+    pad = total - n  # DistributedSampler repeats a few samples so the shards have equal length
+    assert 0 <= pad < world
+    flat = [i for s in shards for i in s]
+    assert set(flat) == set(range(n)), "shards must cover the data set"
+    assert len(flat) - len(set(flat)) == pad, "shards overlap only by the padding"
+    if pad == 0:
+        for a in range(world):
+            for b in range(a + 1, world):
+                assert not set(shards[a]) & set(shards[b])
+
+
+def test_shards_equal_torch_distributed_sampler():
+    for epoch in (0, 1):
+        for rank in (0, 1):
+            s = DistributedSampler(range(100), num_replicas=2, rank=rank, shuffle=True, seed=3)
+            s.set_epoch(epoch)
+            assert shard_indices(100, rank, 2, seed=3, epoch=epoch).tolist() == list(s)
+
+
+def test_set_epoch_reshuffles():
+    e0 = shard_indices(1000, 0, 2, seed=0, epoch=0)
+    e1 = shard_indices(1000, 0, 2, seed=0, epoch=1)
+    assert not torch.equal(e0, e1)
+    assert torch.equal(e0, shard_indices(1000, 0, 2, seed=0, epoch=0))
+
+
+def test_mnist5k_is_real_digits_with_stratified_test_split():
+    d = D.load_mnist5k()
+    assert d.train_images.shape == (4000, 28, 28) and d.test_images.shape == (1000, 28, 28)
+    assert d.train_images.dtype == torch.uint8
+    assert torch.bincount(d.test_labels, minlength=10).tolist() == [100] * 10
+    assert 0 < d.train_images.float().mean() < 100  # dark background, bright strokes: real digits
+    # Train and test are disjoint images.
+    train_rows = {bytes(x.numpy().tobytes()) for x in d.train_images[:500]}
+    assert not any(bytes(x.numpy().tobytes()) in train_rows for x in d.test_images)
+
+
+def test_normalize_matches_the_listings_transform():
+    from PIL import Image
+    from torchvision import transforms
+
+    d = D.load_mnist5k()
+    t = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
+    for i in range(3):
+        expected = t(Image.fromarray(d.train_images[i].numpy(), mode="L"))[0]
+        assert torch.equal(normalize(d.train_images[i]), expected)
+
+
+def test_mnist_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch, capsys):
+    from torchvision import datasets
+
+    def offline(self):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(datasets.MNIST, "download", offline)
+    D._load_cached.cache_clear()
+    try:
+        splits = D.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+    finally:
+        D._load_cached.cache_clear()
+    assert splits.name == "mnist-5k"
+    err = capsys.readouterr().err
+    assert "offline" in err and "mnist-5k" in err and err.count("\n") == 1
+
+
+def _write_idx(path, arr: np.ndarray, magic: int, gz: bool):
+    header = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    data = header + arr.astype(np.uint8).tobytes()
+    if gz:
+        with gzip.open(path, "wb") as fh:
+            fh.write(data)
+    else:
+        with open(path, "wb") as fh:
+            fh.write(data)
+
+
+def _fake_fashion_dir(path, n_train=120, n_test=40):
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        _write_idx(os.path.join(path, f"{prefix}-images-idx3-ubyte.gz"), rng.integers(0, 255, (n, 28, 28)), 2051, True)
+        _write_idx(os.path.join(path, f"{prefix}-labels-idx1-ubyte.gz"), rng.integers(0, 10, (n,)), 2049, True)
+
+
+def test_fashion_mnist_unpacks_debian_layout_once(tmp_path, monkeypatch):
+    debian = tmp_path / "debian"
+    _fake_fashion_dir(debian)
+    monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(debian))
+    root = tmp_path / "root"
+    d = D.load_fashion_mnist(str(root))
+    assert d.name == "fashion-mnist" and len(d.train_labels) == 120 and len(d.test_labels) == 40
+    raw = root / "FashionMNIST" / "raw"
+    assert sorted(os.listdir(raw)) == sorted(D.RAW_FILES)
+    mtime = (raw / D.RAW_FILES[0]).stat().st_mtime_ns
+    D.load_fashion_mnist(str(root))
+    assert (raw / D.RAW_FILES[0]).stat().st_mtime_ns == mtime, "already unpacked files are reused"
+
+
+@pytest.mark.skipif(not os.path.isdir(D.DEBIAN_FASHION_DIR), reason="Debian's dataset-fashion-mnist not installed")
+def test_real_fashion_mnist_from_debian(tmp_path):
+    d = D.load_fashion_mnist(str(tmp_path))
+    assert d.train_images.shape == (60000, 28, 28) and d.test_images.shape == (10000, 28, 28)
+
+
+def test_corrupted_file_is_named_with_the_fix(tmp_path, monkeypatch):
+    debian = tmp_path / "debian"
+    _fake_fashion_dir(debian)
+    monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(debian))
+    root = tmp_path / "root"
+    D.load_fashion_mnist(str(root))
+    bad = root / "FashionMNIST" / "raw" / "train-images-idx3-ubyte"
+    bad.write_bytes(bad.read_bytes()[:1000])  # truncated
+    with pytest.raises(D.DataError) as e:
+        D.load_fashion_mnist(str(root))
+    msg = str(e.value)
+    assert str(bad) in msg and "corrupted" in msg and "mnist-5k" in msg
+
+
+def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
+    from torchvision import datasets
+
+    monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(datasets.FashionMNIST, "download", lambda self: (_ for _ in ()).throw(OSError("offline")))
+    with pytest.raises(D.DataError) as e:
+        D.load_fashion_mnist(str(tmp_path / "root"))
+    msg = str(e.value)
+    assert "apt-get install dataset-fashion-mnist" in msg and "FashionMNIST/raw" in msg and "mnist-5k" in msg
+
+
+def test_steps_per_epoch_seed_vs_default():
+    assert D.steps_per_epoch(60000, 2, 64, "default") == 469
+    assert D.steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
