@@ -222,6 +222,7 @@ def load_fashion_mnist(root: str) -> DataSplits:
     from torchvision import datasets
 
     if not _has_raw(root, "FashionMNIST") and os.path.isdir(DEBIAN_FASHION_DIR):
+        _check_download_root("FashionMNIST", root)  # a clear data_root error, not a failed mkdir
         unpack_debian_fashion(root)
     if _has_raw(root, "FashionMNIST"):
         _check_raw_files(root, "FashionMNIST")

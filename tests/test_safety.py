@@ -1,0 +1,410 @@
+"""Launching safely: bad settings refused up front, failing/killed/stuck ranks end the job, interrupts, resume."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from ddp_helpers import ConfigError, LaunchError, RankFailedError, TrainConfig, launch, run_training
+from ddp_helpers import launcher as L
+from ddp_helpers.worker import InjectedFault
+
+ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
+SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+# ------------------------------------------------------------------------------------------ 1. bad settings
+_taken = socket.socket()
+_taken.bind(("127.0.0.1", 0))
+_taken.listen(1)
+TAKEN_PORT = _taken.getsockname()[1]
+
+BAD = [
+    ("world_size", dict(world_size=0)),
+    ("world_size", dict(world_size=-2)),
+    ("world_size", dict(world_size="2")),
+    ("world_size", dict(world_size=2.0)),
+    ("world_size", dict(world_size=True)),
+    ("backend", dict(backend="mpi")),
+    ("dataset", dict(dataset="cifar10")),
+    ("batch_size", dict(batch_size=0)),
+    ("batch_size", dict(batch_size=10**7)),
+    ("batch_size", dict(batch_size=64.0)),
+    ("lr", dict(lr=0)),
+    ("lr", dict(lr=-0.1)),
+    ("lr", dict(lr=float("nan"))),
+    ("lr", dict(lr=float("inf"))),
+    ("lr", dict(lr="0.01")),
+    ("epochs", dict(epochs=0)),
+    ("epochs", dict(epochs=1.5)),
+    ("max_steps", dict(max_steps=0)),
+    ("momentum", dict(momentum=1.0)),
+    ("seed", dict(seed=-1)),
+    ("pipeline", dict(pipeline="fast")),
+    ("accumulation_steps", dict(accumulation_steps=0)),
+    ("comm_hook", dict(comm_hook="bf16")),
+    ("capture_grad_steps", dict(capture_grad_steps=[0])),
+    ("threads_per_rank", dict(threads_per_rank=0)),
+    ("master_port", dict(master_port=70000)),
+    ("master_port", dict(master_port=-1)),
+    ("master_port", dict(master_port=TAKEN_PORT)),
+    ("master_addr", dict(master_addr="no-such-host.invalid")),
+    ("master_addr", dict(master_addr="")),
+    ("timeout_s", dict(timeout_s=0)),
+    ("checkpoint_every", dict(checkpoint_every=5)),
+    ("checkpoint_dir", dict(checkpoint_dir=os.path.join(__file__, "ckpt"))),  # under a file
+    ("resume_from", dict(resume_from="/nonexistent/ckpt-0000010.pt")),
+    ("fault_rank", dict(fault_rank=2)),
+    ("fault_kind", dict(fault_kind="explode")),
+    ("num_workers", dict(num_workers=-1)),
+]
+if not torch.cuda.is_available():
+    BAD.append(("backend", dict(backend="nccl")))
+
+
+@pytest.mark.parametrize("setting,kwargs", BAD, ids=[f"{s}={list(k.values())[0]!r}" for s, k in BAD])
+def test_bad_setting_is_refused_before_any_process_starts(setting, kwargs, monkeypatch):
+    started = []
+    monkeypatch.setattr(L.mp, "start_processes", lambda *a, **k: started.append(1))
+    before = len(psutil.Process().children(recursive=True))
+    with pytest.raises(ConfigError) as e:
+        run_training(SMALL.replace(**kwargs), progress=False)
+    msg = str(e.value)
+    assert setting in msg, f"message does not name the setting: {msg}"
+    value = list(kwargs.values())[0]
+    assert repr(value) in msg or str(value) in msg, f"message does not show the value: {msg}"
+    assert "accepted" in msg or "use" in msg or "needs" in msg, f"message does not say what to do: {msg}"
+    assert not started and len(psutil.Process().children(recursive=True)) == before
+
+
+def test_at_least_fifteen_bad_inputs_are_covered():
+    assert len(BAD) >= 15
+
+
+def test_unwritable_data_root_when_a_download_is_needed(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user that can write anywhere (root): permissions can't be tested")
+        with pytest.raises(ConfigError, match="data_root"):
+            run_training(SMALL.replace(dataset="fashion-mnist", data_root=str(ro / "x")), progress=False)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_unreadable_data_root_is_refused(tmp_path):
+    root = tmp_path / "file-not-dir"
+    root.write_text("x")
+    from ddp_helpers import data as D
+
+    D._load_cached.cache_clear()
+    with pytest.raises(ConfigError, match="data_root"):
+        run_training(SMALL.replace(dataset="fashion-mnist", data_root=str(root)), progress=False)
+
+
+def test_not_a_config_is_refused():
+    with pytest.raises(ConfigError, match="TrainConfig"):
+        run_training({"world_size": 2}, progress=False)  # type: ignore[arg-type]
+
+
+def test_too_many_nccl_ranks_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="one GPU per rank"):
+        run_training(SMALL.replace(backend="nccl", world_size=2), progress=False)
+
+
+def test_auto_backend_picks_gloo_without_enough_gpus(monkeypatch):
+    from ddp_helpers.config import resolve_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_backend("auto", 2) == "gloo"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert resolve_backend("auto", 2) == "nccl"
+
+
+def test_fork_refused_when_cuda_is_initialized(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(LaunchError, match="CUDA is already initialized"):
+        launch(_hello, 2, start_method="fork")
+
+
+def test_unknown_start_method_refused():
+    with pytest.raises(ConfigError, match="start_method"):
+        launch(_hello, 2, start_method="threads")
+
+
+def _hello(rank, world_size):
+    return rank
+
+
+# ------------------------------------------------------------------------------------------ 2./3. failures
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_rank_that_raises_ends_the_job_with_its_error(start_method):
+    port = _free_port()
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as e:
+        run_training(SMALL.replace(fault_rank=1, fault_step=5, master_port=port), progress=False,
+                     start_method=start_method)
+    elapsed = time.monotonic() - t0
+    err = e.value
+    assert err.rank == 1 and isinstance(err.original, InjectedFault) and err.__cause__ is err.original
+    assert "_inject_fault" in err.traceback_text and "rank 1 failed" in str(err)
+    assert elapsed < 10 + (8 if start_method == "spawn" else 0), f"took {elapsed:.1f} s"  # spawn: ~6 s start-up
+    partial = err.partial_result
+    assert not partial.complete and [len(r) for r in partial.ranks] == [5, 5]
+    assert np.isfinite(partial.ranks[0].loss).all() and partial.fingerprints_agree()
+    assert _port_is_free(port), "the rendezvous port must be free again"
+
+
+def test_rank_killed_by_sigkill_is_detected():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as e:
+        run_training(SMALL.replace(fault_rank=0, fault_step=3, fault_kind="kill"), progress=False,
+                     start_method="fork")
+    assert time.monotonic() - t0 < 10
+    assert e.value.rank == 0 and "SIGKILL" in str(e.value)
+    assert e.value.partial_result.n_steps == 3
+
+
+def test_rank_killed_from_outside_is_detected():
+    """A real external SIGKILL (as the OOM killer would send), while the ranks train."""
+    me = psutil.Process()
+    victim = {}
+
+    def killer():
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            kids = [p for p in me.children() if "resource_tracker" not in " ".join(p.cmdline())]
+            if len(kids) == 2:
+                time.sleep(0.5)
+                victim["pid"] = kids[1].pid
+                os.kill(kids[1].pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as e:
+        run_training(SMALL.replace(max_steps=None, epochs=1000), progress=False, start_method="fork")
+    th.join()
+    assert "pid" in victim and "SIGKILL" in str(e.value)
+    assert time.monotonic() - t0 < 15
+
+
+def test_stuck_rank_is_named_after_the_collective_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as e:
+        run_training(SMALL.replace(fault_rank=1, fault_step=2, fault_kind="hang", timeout_s=2), progress=False,
+                     start_method="fork")
+    elapsed = time.monotonic() - t0
+    assert e.value.rank == 1 and "stopped responding" in str(e.value)
+    assert 2 <= elapsed < 10
+    assert e.value.partial_result.n_steps == 2
+
+
+def test_next_run_works_right_after_a_failure():
+    with pytest.raises(RankFailedError):
+        run_training(SMALL.replace(fault_rank=0, fault_step=1), progress=False, start_method="fork")
+    ok = run_training(SMALL.replace(max_steps=3), progress=False, start_method="fork")
+    assert ok.complete and ok.n_steps == 3
+
+
+# ------------------------------------------------------------------------------------------ 4. interrupts
+def test_keyboard_interrupt_in_the_notebook_ends_every_child():
+    polls = []
+
+    def interrupt_after_training_started():
+        polls.append(1)
+        if len(polls) == 40:  # ~2 s in: the ranks are training
+            raise KeyboardInterrupt
+
+    kids_during = []
+
+    def hello_forever(rank, world_size):
+        while True:
+            torch.distributed.barrier()
+
+    def poll():
+        kids_during.append(len(psutil.Process().children()))
+        interrupt_after_training_started()
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        launch(hello_forever, 2, start_method="fork", on_poll=poll)
+    assert time.monotonic() - t0 < 2 + 5
+    assert max(kids_during) >= 2
+    ok = run_training(SMALL.replace(max_steps=2), progress=False, start_method="fork")
+    assert ok.n_steps == 2
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from ddp_helpers import TrainConfig, run_training
+    if __name__ == "__main__":
+        try:
+            run_training(TrainConfig(dataset="mnist-5k", epochs=1000, threads_per_rank=1), progress=False)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+""")
+
+
+def test_sigint_to_the_parent_ends_every_child_within_5_s(tmp_path):
+    script = tmp_path / "long_run.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    ranks = []
+    while time.monotonic() < deadline:  # wait until both ranks run
+        ranks = [p for p in parent.children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+        if len(ranks) >= 2:
+            break
+        time.sleep(0.1)
+    assert len(ranks) >= 2
+    time.sleep(3)  # into training
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    gone, alive = psutil.wait_procs(ranks, timeout=5)
+    assert not alive, f"still alive 5 s after SIGINT: {[p.pid for p in alive]}"
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and "interrupted" in out, err[-2000:]
+    assert time.monotonic() - t0 < 8
+
+
+# ------------------------------------------------------------------------------------------ 5. concurrency
+def test_two_runs_at_the_same_time_from_two_processes(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--max-steps", "20",
+                               "--threads-per-rank", "1", "--no-plots", "--out", str(tmp_path / f"run{i}")],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+    from ddp_helpers import TrainResult
+
+    a, b = (TrainResult.load(str(tmp_path / f"run{i}" / "result.json")) for i in range(2))
+    assert a.ranks[0].param_fingerprint == b.ranks[0].param_fingerprint
+
+
+def test_two_launches_in_one_process_get_different_ports():
+    ports = []
+    orig = L.dist.TCPStore
+
+    def spy(*a, **k):
+        store = orig(*a, **k)
+        if k.get("is_master"):
+            ports.append(store.port)
+        return store
+
+    L.dist.TCPStore = spy
+    try:
+        th = threading.Thread(target=lambda: launch(_hello, 2, start_method="fork"))
+        th.start()
+        launch(_hello, 2, start_method="fork")
+        th.join()
+    finally:
+        L.dist.TCPStore = orig
+    assert len(ports) == 2 and ports[0] != ports[1]
+
+
+# ------------------------------------------------------------------------------------------ 7. checkpoints
+def test_checkpoint_written_by_rank_0_only_and_atomically(tmp_path, monkeypatch):
+    from ddp_helpers import worker
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    real = worker.save_checkpoint
+
+    def spy(directory, step, *a, **k):  # runs inside the forked ranks
+        (marks / f"rank{torch.distributed.get_rank()}-step{step}").touch()
+        return real(directory, step, *a, **k)
+
+    monkeypatch.setattr(worker, "save_checkpoint", spy)
+    ck = tmp_path / "ck"
+    run_training(SMALL.replace(max_steps=6, checkpoint_dir=str(ck), checkpoint_every=2), progress=False,
+                 start_method="fork")
+    assert sorted(os.listdir(marks)) == ["rank0-step2", "rank0-step4", "rank0-step6"]
+    assert sorted(os.listdir(ck)) == ["ckpt-0000002.pt", "ckpt-0000004.pt", "ckpt-0000006.pt"]
+    state = torch.load(ck / "ckpt-0000006.pt", weights_only=True)
+    assert state["step"] == 6 and set(state) >= {"model", "optimizer", "config"}
+
+
+def test_checkpoint_crash_mid_write_leaves_no_file(tmp_path, monkeypatch):
+    from ddp_helpers import checkpoint as C
+
+    def broken_save(obj, path):
+        with open(path, "wb") as fh:
+            fh.write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(C.torch, "save", broken_save)
+    with pytest.raises(OSError):
+        C.save_checkpoint(str(tmp_path), 3, {"w": torch.ones(2)}, {}, {})
+    assert not (tmp_path / "ckpt-0000003.pt").exists()
+    assert C.latest_checkpoint(str(tmp_path)) is None
+
+
+def test_resume_is_exact(tmp_path):
+    cfg = SMALL.replace(max_steps=None, epochs=2, momentum=0.9)  # momentum: real optimizer state to restore
+    full_dir, part_dir = tmp_path / "full", tmp_path / "part"
+    full = run_training(cfg.replace(checkpoint_dir=str(full_dir)), progress=False, start_method="fork")
+    k = 40  # mid-way through the second epoch (32 steps per epoch)
+    run_training(cfg.replace(max_steps=k, checkpoint_dir=str(part_dir)), progress=False, start_method="fork")
+    resumed = run_training(cfg.replace(resume_from=str(part_dir / f"ckpt-{k:07d}.pt"), checkpoint_dir=str(part_dir)),
+                           progress=False, start_method="fork")
+    assert resumed.ranks[0].step[0] == k and resumed.ranks[0].step[-1] == full.ranks[0].step[-1]
+    assert resumed.ranks[0].param_fingerprint == full.ranks[0].param_fingerprint[k:]
+    a = torch.load(full_dir / "ckpt-0000064.pt", weights_only=True)
+    b = torch.load(part_dir / "ckpt-0000064.pt", weights_only=True)
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    for i, st in a["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], b["optimizer"]["state"][i]["momentum_buffer"])
+
+
+def test_resume_with_a_different_batch_size_is_refused(tmp_path):
+    run_training(SMALL.replace(max_steps=2, checkpoint_dir=str(tmp_path)), progress=False, start_method="fork")
+    with pytest.raises(ConfigError, match="batch_size"):
+        run_training(SMALL.replace(batch_size=32, resume_from=str(tmp_path / "ckpt-0000002.pt")), progress=False)
+
+
+# ------------------------------------------------------------------------------------------ 8. unequal shards
+def test_uneven_data_never_hangs_three_ranks():
+    """4,000 samples over 3 ranks: DistributedSampler pads to 1,334 each, so all ranks take 21 steps."""
+    res = run_training(TrainConfig(dataset="mnist-5k", world_size=3, threads_per_rank=1), progress=False,
+                       start_method="fork")
+    assert [len(r) for r in res.ranks] == [21, 21, 21]
+    assert res.fingerprints_agree()
+    last = res.ranks[0].sample_indices[-1]
+    assert (last >= 0).sum() == 1334 - 20 * 64  # the short last batch is the same size on every rank
