@@ -1,0 +1,46 @@
+# Two commands on a fresh machine:  make demo  (train 2 ranks offline, write result + plots)  and  make test.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+OUT    ?= runs/demo
+
+.PHONY: env demo test test-unit test-notebooks bench faults lab clean
+
+env: $(STAMP)
+
+# One virtual environment with the package (editable) and the test tools; re-done when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
+	$(PY) -m pip install -q -e ".[test]" >> $(VENV)/install.log 2>&1 || (grep -v "^WARNING: Location" $(VENV)/install.log | tail -40; exit 1)
+	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	rm -f $(VENV)/.installed-* && touch $@
+
+# The main job: the tutorial's 2-process DDP training on the offline default data, with its plots.
+demo: env
+	$(PY) -m ddp_helpers.train --out $(OUT)
+	@echo "open $(OUT)/loss.png, $(OUT)/grad_norms.png, $(OUT)/fingerprints.png"
+
+# Every test: unit and process tests, then the executed notebooks compared by nbval.
+test: env
+	$(PY) -m pytest tests -q
+	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+
+test-unit: env
+	$(PY) -m pytest tests -q
+
+test-notebooks: env
+	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+
+bench: env
+	$(PY) benchmarks/bench_pipelines.py --markdown
+
+faults: env
+	$(PY) benchmarks/fault_detection.py
+
+lab: env
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:
+	rm -rf runs .pytest_cache

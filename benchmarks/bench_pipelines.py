@@ -1,0 +1,109 @@
+"""Benchmark: Listing 7.2's data pipeline vs the package's default (with and without telemetry), one epoch, 2 ranks.
+
+    python benchmarks/bench_pipelines.py                 # Fashion-MNIST 60,000 images (offline via Debian)
+    python benchmarks/bench_pipelines.py --repeats 5 --markdown
+
+Prints wall time (launch to the last rank's end), start-up (launch to the slowest rank's first step),
+training-loop time, steps/s, telemetry overhead and peak memory. Each configuration runs --repeats times,
+interleaved, and the median is reported (a 2-core VM is noisy). This is a script, not a timed test.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from ddp_helpers import TrainConfig, run_training  # noqa: E402
+from ddp_helpers.data import DataError  # noqa: E402
+
+CONFIGS = {
+    "seed pipeline (Listing 7.2)": dict(pipeline="seed"),
+    "default, full telemetry": dict(pipeline="default", telemetry=True),
+    "default, bare loop": dict(pipeline="default", telemetry=False),
+}
+
+
+def machine() -> str:
+    """One line describing where the figures come from."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {gpu}; Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (60k) | mnist | mnist-5k")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3, help="runs per configuration (median reported)")
+    p.add_argument("--seed-repeats", type=int, default=1, help="runs of the slow seed pipeline")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    args = p.parse_args()
+
+    base = TrainConfig(dataset=args.dataset, world_size=args.world_size, backend=args.backend, epochs=1)
+    try:
+        from ddp_helpers import load_data
+
+        n = len(load_data(base).train_labels)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"machine: {machine()}")
+    print(f"data: {args.dataset}, {n} training images, {args.world_size} ranks, 1 epoch, batch 64 per rank")
+    runs = {name: [] for name in CONFIGS}
+    for rep in range(max(args.repeats, args.seed_repeats)):
+        for name, overrides in CONFIGS.items():
+            limit = args.seed_repeats if overrides.get("pipeline") == "seed" else args.repeats
+            if rep >= limit:
+                continue
+            t0 = time.monotonic()
+            r = run_training(base.replace(**overrides), progress=False)
+            call = time.monotonic() - t0
+            runs[name].append(dict(wall=r.wall_time_s, call=call, startup=r.startup_s, loop=r.loop_time_s,
+                                   steps=r.n_steps, mem=sum(r.peak_rss_mb) + r.parent_rss_mb,
+                                   rank_mem=max(r.peak_rss_mb), acc=r.test_accuracy))
+            print(f"  run {rep + 1}: {name:28s} wall {r.wall_time_s:6.2f} s  start-up {r.startup_s:5.2f} s  "
+                  f"loop {r.loop_time_s:6.3f} s  ({r.n_steps} steps/rank)", flush=True)
+
+    med = {name: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for name, rs in runs.items()}
+    seed, tel, bare = (med[k] for k in CONFIGS)
+    rows = []
+    for name, m in med.items():
+        rows.append((name, f"{m['wall']:.2f}", f"{m['startup']:.2f}", f"{m['loop']:.3f}", f"{m['steps']:.0f}",
+                     f"{m['steps'] / m['loop']:.0f}", f"{m['mem']:.0f} ({m['rank_mem']:.0f})", f"{m['acc']:.4f}"))
+    head = ("configuration", "wall s", "start-up s", "loop s", "steps/rank", "steps/s", "peak RSS MB all (max rank)",
+            "test acc")
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+        for row in (head, *rows):
+            print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+    overhead = (tel["loop"] - bare["loop"]) / bare["loop"]
+    print()
+    print(f"default end to end vs seed:   {seed['wall'] / tel['wall']:.1f}x faster   (target >= 4x)")
+    print(f"default loop vs seed loop:    {seed['loop'] / tel['loop']:.1f}x faster   (target >= 20x)")
+    print(f"telemetry overhead:           {100 * overhead:+.1f}% of the bare loop   (target <= 15%)")
+    print(f"medians of {args.repeats} runs (seed pipeline: {args.seed_repeats}); wall = launch to last rank's end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
