@@ -5,7 +5,7 @@ import os
 import resource
 import sys
 import time
-from typing import Optional
+from typing import Callable, List, Optional
 
 from . import worker
 from .checkpoint import load_checkpoint
@@ -26,10 +26,12 @@ def _want_progress(progress: Optional[bool]) -> bool:
 
 
 class _Progress:
-    """A tqdm bar fed from the ranks' shared step counters (the children never print)."""
+    """A tqdm bar (and an optional callback) fed from the ranks' shared step counters (the children never print)."""
 
-    def __init__(self, buffers: TelemetryBuffers, total: int, enabled: bool, desc: str):
-        self.buffers, self.bar = buffers, None
+    def __init__(self, buffers: TelemetryBuffers, total: int, enabled: bool, desc: str,
+                 callback: Optional[Callable[[List[int], int], None]] = None):
+        self.buffers, self.bar, self.total, self.callback = buffers, None, total, callback
+        self.last: List[int] = []
         if enabled:
             from tqdm.auto import tqdm  # a widget in notebooks, a text bar in terminals
 
@@ -40,6 +42,11 @@ class _Progress:
             n = self.buffers.progress()
             if n > self.bar.n:
                 self.bar.update(n - self.bar.n)
+        if self.callback is not None:
+            counts = self.buffers.count.tolist()
+            if counts != self.last:
+                self.last = counts
+                self.callback(counts, self.total)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -59,12 +66,14 @@ def _resume_step(cfg: TrainConfig) -> int:
 
 
 def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = None, start_method: str = "spawn",
-                 **overrides) -> TrainResult:
+                 on_progress: Optional[Callable[[List[int], int], None]] = None, **overrides) -> TrainResult:
     """Train cfg.world_size DDP replicas (torch.multiprocessing spawn) and return their per-step records.
 
     Settings are checked before anything starts; a failing rank raises RankFailedError whose
     .partial_result holds every step recorded before the failure. start_method="fork" skips the
     ~4 s it takes each spawned rank to import torch (refused once CUDA is initialized here).
+    on_progress(steps_done_per_rank, total_steps) is called from this process whenever a rank advances
+    (e.g. to drive widgets); it runs between polls, so keep it quick.
     """
     cfg = (cfg or TrainConfig()).replace(**overrides) if overrides else (cfg or TrainConfig())
     backend = validate(cfg)
@@ -74,7 +83,7 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     model = build_model(cfg.seed)
     buffers = TelemetryBuffers(cfg.world_size, max(end - first, 1), cfg.batch_size * cfg.accumulation_steps,
                                len(cfg.capture_grad_steps), n_params(model))
-    bar = _Progress(buffers, end - first, _want_progress(progress), f"{cfg.world_size} ranks")
+    bar = _Progress(buffers, end - first, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
     threads = cfg.threads_per_rank or default_threads(cfg.world_size)
     t_launch = time.monotonic()
 
