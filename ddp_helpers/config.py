@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
 import os
 import socket
@@ -211,12 +210,6 @@ def _check_writable_dir(name: str, path: str) -> None:
 def default_threads(world_size: int) -> int:
     """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores."""
     return max(1, (os.cpu_count() or 1) // world_size)
-
-
-def asdict_public(cfg: TrainConfig) -> dict:
-    """Settings a learner usually changes, for short displays."""
-    keys = ("world_size", "backend", "dataset", "batch_size", "lr", "epochs", "max_steps", "seed", "pipeline")
-    return {k: getattr(cfg, k) for k in keys}
 
 
 __all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads"]

@@ -215,9 +215,7 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
 def _failure(codes: Sequence[Optional[int]], errors: dict, done: set, log_dir: str) -> RankFailedError:
     """Pick the rank that failed first (not one that merely lost its peer) and describe it."""
     killed = [r for r, c in enumerate(codes) if c is not None and c < 0 and r not in errors]
-    others = []
-    for r, (payload, tb, text) in sorted(errors.items()):
-        others.append(f"rank {r}: {text}")
+    others = [f"rank {r}: {text}" for r, (_, _, text) in sorted(errors.items())]
     if killed:
         r = killed[0]
         try:

@@ -62,7 +62,10 @@ def _default_batches(cfg: TrainConfig, rank: int, world_size: int, epoch: int,
 
 
 def _seed_batches(loader, device: torch.device) -> Iterator[Batch]:
-    for x, y, idx in loader:
+    for batch_idx, (x, y, idx) in enumerate(loader):
+        # The listing prints every batch. Here stdout is the rank's log file, so the notebook stays clean,
+        # but the cost is kept: this path exists to measure the listing as written.
+        print(f"Process {device}, Batch {batch_idx}")
         yield x.to(device), y.to(device), idx
 
 

@@ -309,7 +309,7 @@ def test_two_runs_at_the_same_time_from_two_processes(tmp_path):
                                "--threads-per-rank", "1", "--no-plots", "--out", str(tmp_path / f"run{i}")],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     results = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, results):
+    for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err[-2000:]
     from ddp_helpers import TrainResult
 
