@@ -201,6 +201,10 @@ def load_torchvision_mnist(root: str) -> DataSplits:
             raise DataError(f"can't read MNIST files in {_raw_dir(root, 'MNIST')} ({e}); delete them to download "
                             "again, or use dataset='mnist-5k'") from e
     _check_download_root("MNIST", root)
+    if not _mirrors_reachable(datasets.MNIST.mirrors):
+        err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and no MNIST mirror is reachable (offline)")
+        err.offline = True  # type: ignore[attr-defined]
+        raise err
     try:
         splits = _torchvision_splits(datasets.MNIST, root, "mnist", source, download=True)
     except Exception as e:  # noqa: BLE001 - urllib/http errors differ by version; all mean "can't download"
@@ -209,6 +213,22 @@ def load_torchvision_mnist(root: str) -> DataSplits:
         err.offline = True  # type: ignore[attr-defined]
         raise err from e
     return splits
+
+
+def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
+    """Can we open a TCP connection to any download mirror? Offline this answers in seconds, where
+    torchvision's own attempts take ~30 s to give up."""
+    import socket
+    from urllib.parse import urlparse
+
+    for url in mirrors:
+        u = urlparse(url)
+        try:
+            with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout_s):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _check_download_root(folder: str, root: str) -> None:
@@ -234,6 +254,8 @@ def load_fashion_mnist(root: str) -> DataSplits:
                             "them and retry, or use dataset='mnist-5k'") from e
     _check_download_root("FashionMNIST", root)
     try:
+        if not _mirrors_reachable(datasets.FashionMNIST.mirrors):
+            raise OSError("no mirror reachable (offline)")
         return _torchvision_splits(datasets.FashionMNIST, root, "fashion-mnist",
                                    f"torchvision FashionMNIST at {root}", download=True)
     except Exception as e:  # noqa: BLE001

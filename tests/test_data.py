@@ -66,13 +66,16 @@ def test_normalize_matches_the_listings_transform():
         assert torch.equal(normalize(d.train_images[i]), expected)
 
 
-def test_mnist_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("mirrors_answer", [False, True], ids=["no-mirror-reachable", "download-fails"])
+def test_mnist_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch, capsys, mirrors_answer):
     from torchvision import datasets
 
     def offline(self):
         raise OSError("network is unreachable")
 
+    monkeypatch.setattr(D, "_mirrors_reachable", lambda mirrors: mirrors_answer)
     monkeypatch.setattr(datasets.MNIST, "download", offline)
+    D._NOTICES_SHOWN.clear()
     D._load_cached.cache_clear()
     try:
         splits = D.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
@@ -140,6 +143,7 @@ def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
     from torchvision import datasets
 
     monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(D, "_mirrors_reachable", lambda mirrors: True)
     monkeypatch.setattr(datasets.FashionMNIST, "download", lambda self: (_ for _ in ()).throw(OSError("offline")))
     with pytest.raises(D.DataError) as e:
         D.load_fashion_mnist(str(tmp_path / "root"))
