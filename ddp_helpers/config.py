@@ -160,25 +160,29 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
-def check_address(host: str, port: int) -> None:
-    """Reject a host that doesn't resolve to a local address, or an explicit port already in use."""
+def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_addr",
+                  port_setting: str = "TrainConfig.master_port") -> None:
+    """Reject a host that doesn't resolve, or an explicit port already in use (named as the caller spells them)."""
+
+    def bad(setting: str, value: Any, accepted: str) -> ConfigError:
+        return ConfigError(f"{setting}={value!r} is not accepted: {accepted}")
+
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET)
     except (socket.gaierror, UnicodeError) as e:
-        raise _bad("master_addr", host, f"a resolvable host such as '127.0.0.1' ({e})") from None
+        raise bad(host_setting, host, f"a resolvable host such as '127.0.0.1' ({e})") from None
     addr = infos[0][4][0]
     if port == 0:
         return
+    short = port_setting.rsplit(".", 1)[-1]
     if port < 1024 and os.geteuid() != 0:
-        raise _bad("master_port", port, "a port >= 1024 (lower ones need root), or 0 for a free one")
+        raise bad(port_setting, port, f"a port >= 1024 (lower ones need root), or {short}=0 for a free one")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((addr, port))
         except OSError as e:
-            raise _bad(
-                "master_port", port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use master_port=0 "
-                "to let the OS choose one"
-            ) from None
+            raise bad(port_setting, port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use {short}=0 "
+                                          "to let the OS choose one") from None
 
 
 def validate(cfg: TrainConfig) -> str:

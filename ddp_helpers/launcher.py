@@ -124,9 +124,9 @@ def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
 def check_launch(world_size: int, backend: str, start_method: str, host: str, port: int) -> str:
     """Everything that can be refused before a process starts; returns the resolved backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ConfigError(f"world_size={world_size!r} is not accepted: an int >= 1")
+        raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
     if start_method not in START_METHODS:
-        raise ConfigError(f"start_method={start_method!r} is not accepted: one of {START_METHODS}")
+        raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
     backend = resolve_backend(backend, world_size)
     if start_method == "fork":
         if sys.platform == "win32":
@@ -136,7 +136,7 @@ def check_launch(world_size: int, backend: str, start_method: str, host: str, po
             raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
                               "forked child can't use it. Restart the kernel and launch before touching CUDA, or use "
                               "start_method='spawn' with a function from an importable module")
-    check_address(host, port)
+    check_address(host, port, host_setting="launch(host=...)", port_setting="launch(port=...)")
     return backend
 
 

@@ -58,7 +58,8 @@ def _resume_step(cfg: TrainConfig) -> int:
         return 0
     ckpt = load_checkpoint(cfg.resume_from)
     saved = ckpt.get("config", {})
-    for key in ("world_size", "batch_size", "dataset", "seed", "pipeline", "accumulation_steps"):
+    # Anything that changes the sampler order or the update rule would make the "resumed" run a different one.
+    for key in ("world_size", "batch_size", "dataset", "seed", "pipeline", "accumulation_steps", "lr", "momentum"):
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
                               f"({cfg.resume_from}); an exact resume needs the same {key}")

@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(flag, type=base, default=f.default)
     p.add_argument("--out", default="runs/latest", help="folder for result.json and the plots")
     p.add_argument("--no-plots", action="store_true", help="write result.json only")
+    p.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
+                   help="how to start the ranks (ignored under torchrun); fork skips each rank's torch import")
     return p
 
 
@@ -86,10 +88,11 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     # env:// reads MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE that torchrun set for this process.
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=cfg.timeout_s))
     try:
-        if rank == 0:
-            data = load_data(cfg)  # rank 0 downloads first ...
+        first_on_node = int(os.environ.get("LOCAL_RANK", rank)) == 0
+        if first_on_node:
+            data = load_data(cfg, quiet=rank != 0)  # one process per node downloads first ...
         dist.barrier()
-        if rank != 0:
+        if not first_on_node:
             data = load_data(cfg, quiet=True)  # ... the others then read the files it wrote
         start = 0
         if cfg.resume_from:
@@ -142,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             matplotlib.use("Agg")
             from .runner import run_training
 
-            result = run_training(cfg)
+            result = run_training(cfg, start_method=args.start_method)
             write_outputs(result, args.out, not args.no_plots)
     except (ConfigError, DataError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -408,3 +408,14 @@ def test_uneven_data_never_hangs_three_ranks():
     assert res.fingerprints_agree()
     last = res.ranks[0].sample_indices[-1]
     assert (last >= 0).sum() == 1334 - 20 * 64  # the short last batch is the same size on every rank
+
+
+def test_launch_names_its_own_argument_for_a_taken_port():
+    with pytest.raises(ConfigError, match=r"launch\(port=\.\.\.\)=\d+ is not accepted: a free port"):
+        launch(_hello, 2, start_method="fork", port=TAKEN_PORT)
+
+
+def test_resume_with_a_different_learning_rate_is_refused(tmp_path):
+    run_training(SMALL.replace(max_steps=2, checkpoint_dir=str(tmp_path)), progress=False, start_method="fork")
+    with pytest.raises(ConfigError, match="lr"):
+        run_training(SMALL.replace(lr=0.1, resume_from=str(tmp_path / "ckpt-0000002.pt")), progress=False)

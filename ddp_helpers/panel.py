@@ -1,0 +1,185 @@
+"""A training control panel for notebooks: pick the settings, press Train, watch each rank, see the plots.
+
+The panel runs the package's real DDP training (run_training) when its Train button is pressed. One progress
+bar per rank is driven by run_training's on_progress callback, which runs in the notebook's process between
+polls of the ranks, so the bars move while the cell's kernel is busy. When training ends, the loss and gradient
+norm plots appear in the panel's Output widget; a rejected setting or a failed rank is shown as a one-line
+message in the panel, never as a traceback.
+
+Ranks are started with fork when that is safe (Linux/macOS, CUDA not yet initialized in this kernel): a fork
+launch costs a fraction of a second, a spawn launch several seconds, because every spawned rank imports torch.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from .config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
+from .data import DataError
+from .launcher import LaunchError, RankFailedError
+from .telemetry import TrainResult
+
+DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic
+_COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318"}
+
+
+def choose_start_method(preferred: str = "auto") -> str:
+    """'fork' when it is safe here (not Windows, CUDA not initialized), else 'spawn'; explicit values pass."""
+    if preferred != "auto":
+        return preferred
+    import torch
+
+    if sys.platform == "win32" or torch.cuda.is_initialized():
+        return "spawn"  # a forked child can't use a CUDA context created in its parent
+    return "fork"
+
+
+def _figure_output(fig: Any) -> Dict[str, Any]:
+    """A matplotlib Figure as an Output-widget display_data entry (PNG), without pyplot or a kernel."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    w, h = fig.get_size_inches()
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
+                     "text/plain": f"<Figure size {w * 100:.0f}x{h * 100:.0f}>"}}
+
+
+class ControlPanel:
+    """ipywidgets panel around run_training; .result is the last finished TrainResult, .error the last failure."""
+
+    def __init__(self, base: Optional[TrainConfig] = None, start_method: str = "auto", max_world_size: int = 8):
+        import ipywidgets as w
+
+        self.base = base or DEFAULT_BASE
+        self.start_method = start_method
+        self.result: Optional[TrainResult] = None
+        self.error: Optional[BaseException] = None
+        self.message = "Press Train to start."  # plain text of the status line
+        self.runs = 0
+        style = {"description_width": "90px"}
+        layout = w.Layout(width="260px")
+        self.world_size = w.BoundedIntText(value=self.base.world_size, min=1, max=max_world_size,
+                                           description="world size", style=style, layout=layout)
+        self.backend = w.Dropdown(options=list(BACKENDS), value=self.base.backend, description="backend",
+                                  style=style, layout=layout)
+        self.dataset = w.Dropdown(options=list(DATASETS), value=self.base.dataset, description="dataset",
+                                  style=style, layout=layout)
+        # Free-form numbers on purpose: TrainConfig's checks are the one place that says what is accepted.
+        self.batch_size = w.IntText(value=self.base.batch_size, description="batch size", style=style, layout=layout)
+        self.lr = w.FloatText(value=self.base.lr, description="lr", style=style, layout=layout)
+        self.epochs = w.BoundedIntText(value=self.base.epochs, min=1, max=1000, description="epochs", style=style,
+                                       layout=layout)
+        self.train_button = w.Button(description="Train", button_style="primary", icon="play",
+                                     tooltip="Train with these settings on real processes")
+        self.status = w.HTML()
+        self.bars: List[Any] = []  # one IntProgress per rank, rebuilt for each run
+        self.bar_labels: List[Any] = []
+        self.progress = w.VBox()
+        self.output = w.Output()
+        self.train_button.on_click(lambda _button: self.train())
+        settings = w.VBox([w.HBox([self.world_size, self.backend, self.dataset]),
+                           w.HBox([self.batch_size, self.lr, self.epochs])])
+        self.widget = w.VBox([w.HTML("<b>DDP training control panel</b>"), settings,
+                              w.HBox([self.train_button, self.status]), self.progress, self.output])
+        self._set_status("info", self.message)
+
+    # ------------------------------------------------------------------------------------------- settings
+    def config(self) -> TrainConfig:
+        """The TrainConfig the widgets describe (not yet validated)."""
+        return self.base.replace(world_size=int(self.world_size.value), backend=self.backend.value,
+                                 dataset=self.dataset.value, batch_size=int(self.batch_size.value),
+                                 lr=float(self.lr.value), epochs=int(self.epochs.value))
+
+    def settings(self) -> Dict[str, Any]:
+        """The widget values, for short displays."""
+        cfg = self.config()
+        return {k: getattr(cfg, k) for k in ("world_size", "backend", "dataset", "batch_size", "lr", "epochs")}
+
+    # ---------------------------------------------------------------------------------------------- train
+    def train(self) -> Optional[TrainResult]:
+        """Run one training with the current settings (what the Train button does); errors go to the panel."""
+        self.runs += 1
+        run = self.runs
+        self.error = None
+        self.train_button.disabled = True  # one run at a time: a second click would queue behind this one
+        try:
+            cfg = self.config()
+            validate(cfg)  # a bad setting is reported before any bar or process appears
+            self._make_bars(cfg.world_size)
+            self.output.outputs = ()
+            method = choose_start_method(self.start_method)
+            self._set_status("busy", f"run {run}: training {cfg.world_size} rank(s) ({method})...")
+            t0 = time.monotonic()
+            from .runner import run_training
+
+            result = run_training(cfg, progress=False, start_method=method, on_progress=self._on_progress)
+            seconds = time.monotonic() - t0
+        except ConfigError as e:
+            return self._failed(run, e, f"setting rejected: {e}")
+        except RankFailedError as e:
+            return self._failed(run, e, f"training failed on rank {e.rank}: {e.message}")
+        except (LaunchError, DataError) as e:
+            return self._failed(run, e, f"could not start: {e}")
+        except Exception as e:  # noqa: BLE001 - the panel shows every error as a message; .error keeps it
+            return self._failed(run, e, f"unexpected {type(e).__name__}: {e}")
+        finally:
+            self.train_button.disabled = False
+        self.result = result
+        last = result.ranks[0].loss[-1] if result.n_steps else float("nan")
+        self._set_status("done", f"run {run} finished: {result.n_steps} steps per rank on {result.world_size} "
+                                 f"rank(s) in {seconds:.1f} s; rank 0's last loss {last:.3f}, test accuracy "
+                                 f"{result.test_accuracy:.3f}; replicas identical after every step: "
+                                 f"{result.fingerprints_agree()}")
+        self._show_plots(result)
+        return result
+
+    def _failed(self, run: int, error: BaseException, text: str) -> None:
+        self.error = error
+        first = str(text).strip().splitlines()[0]  # never a traceback, even if a message carries one
+        self._set_status("error", f"run {run}: {first}")
+        return None
+
+    def _make_bars(self, world_size: int) -> None:
+        import ipywidgets as w
+
+        self.bars = [w.IntProgress(value=0, min=0, max=1, description=f"rank {r}", bar_style="info",
+                                   style={"description_width": "60px"}) for r in range(world_size)]
+        self.bar_labels = [w.Label("waiting") for _ in range(world_size)]
+        self.progress.children = [w.HBox([b, lab]) for b, lab in zip(self.bars, self.bar_labels)]
+
+    def _on_progress(self, counts: List[int], total: int) -> None:
+        """run_training's callback: steps done per rank, out of total."""
+        for bar, label, n in zip(self.bars, self.bar_labels, counts):
+            bar.max = max(total, 1)
+            bar.value = min(int(n), bar.max)
+            label.value = f"{int(n)}/{total} steps"
+            if n >= total:
+                bar.bar_style = "success"
+
+    def _show_plots(self, result: TrainResult) -> None:
+        from .plots import plot_grad_norms, plot_losses
+
+        self.output.outputs = tuple(_figure_output(f) for f in (plot_losses(result), plot_grad_norms(result)))
+
+    def _set_status(self, kind: str, text: str) -> None:
+        self.message = text
+        self.status.value = f'<span style="color:{_COLORS[kind]}">{html.escape(text)}</span>'
+
+    # -------------------------------------------------------------------------------------------- display
+    def _repr_mimebundle_(self, **kwargs: Any) -> Dict[str, Any]:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        # The widgets' own text repr lists every child's state; this one line is stable from run to run.
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        return "ControlPanel(" + ", ".join(f"{k}={v!r}" for k, v in self.settings().items()) + ")"
+
+
+def control_panel(base: Optional[TrainConfig] = None, start_method: str = "auto") -> ControlPanel:
+    """Build the control panel; display it as a cell's value, press Train, read .result afterwards."""
+    return ControlPanel(base, start_method=start_method)
