@@ -48,7 +48,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (60k) | mnist | mnist-5k")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3, help="runs per configuration (median reported)")
+    p.add_argument("--repeats", type=int, default=5, help="runs per configuration (median reported)")
     p.add_argument("--seed-repeats", type=int, default=1, help="runs of the slow seed pipeline")
     p.add_argument("--backend", default="auto")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
@@ -73,8 +73,9 @@ def main() -> int:
             t0 = time.monotonic()
             r = run_training(base.replace(**overrides), progress=False)
             call = time.monotonic() - t0
+            step_ms = 1e3 * statistics.median(float(t) for rank in r.ranks for t in rank.step_time_s)
             runs[name].append(dict(wall=r.wall_time_s, call=call, startup=r.startup_s, loop=r.loop_time_s,
-                                   steps=r.n_steps, mem=sum(r.peak_rss_mb) + r.parent_rss_mb,
+                                   steps=r.n_steps, step_ms=step_ms, mem=sum(r.peak_rss_mb) + r.parent_rss_mb,
                                    rank_mem=max(r.peak_rss_mb), acc=r.test_accuracy))
             print(f"  run {rep + 1}: {name:28s} wall {r.wall_time_s:6.2f} s  start-up {r.startup_s:5.2f} s  "
                   f"loop {r.loop_time_s:6.3f} s  ({r.n_steps} steps/rank)", flush=True)
@@ -84,9 +85,10 @@ def main() -> int:
     rows = []
     for name, m in med.items():
         rows.append((name, f"{m['wall']:.2f}", f"{m['startup']:.2f}", f"{m['loop']:.3f}", f"{m['steps']:.0f}",
-                     f"{m['steps'] / m['loop']:.0f}", f"{m['mem']:.0f} ({m['rank_mem']:.0f})", f"{m['acc']:.4f}"))
-    head = ("configuration", "wall s", "start-up s", "loop s", "steps/rank", "steps/s", "peak RSS MB all (max rank)",
-            "test acc")
+                     f"{m['steps'] / m['loop']:.0f}", f"{m['step_ms']:.2f}", f"{m['mem']:.0f} ({m['rank_mem']:.0f})",
+                     f"{m['acc']:.4f}"))
+    head = ("configuration", "wall s", "start-up s", "loop s", "steps/rank", "steps/s", "median step ms",
+            "peak RSS MB all (max rank)", "test acc")
     if args.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
@@ -101,6 +103,8 @@ def main() -> int:
     print(f"default end to end vs seed:   {seed['wall'] / tel['wall']:.1f}x faster   (target >= 4x)")
     print(f"default loop vs seed loop:    {seed['loop'] / tel['loop']:.1f}x faster   (target >= 20x)")
     print(f"telemetry overhead:           {100 * overhead:+.1f}% of the bare loop   (target <= 15%)")
+    step_overhead = (tel["step_ms"] - bare["step_ms"]) / bare["step_ms"]
+    print(f"  per-step view:              {100 * step_overhead:+.1f}% (median step time with vs without telemetry)")
     print(f"medians of {args.repeats} runs (seed pipeline: {args.seed_repeats}); wall = launch to last rank's end")
     return 0
 

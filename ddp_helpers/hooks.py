@@ -14,7 +14,7 @@ class GradRecorder:
         self.record = record  # False = the bare loop: only count, no norms
         self.capture = False  # set for steps whose full local gradient is kept
         self.local_sq: List[torch.Tensor] = []  # squared L2 norm of each bucket before the all-reduce
-        self.synced_sq: List[torch.Tensor] = []  # ... and after it (what optimizer.step will use)
+        self.buckets: List[torch.Tensor] = []  # the bucket buffers: after backward they hold the averaged gradient
         self.local_grads: Dict[int, torch.Tensor] = {}  # id(param) -> local gradient copy, when capturing
         self.bytes_sent = 0  # payload handed to all-reduce, summed over the run
         self.calls = 0  # hook calls = buckets all-reduced
@@ -22,17 +22,20 @@ class GradRecorder:
     def start_step(self, capture: bool) -> None:
         """Forget the previous step's buckets."""
         self.local_sq.clear()
-        self.synced_sq.clear()
+        self.buckets.clear()
         self.local_grads.clear()
         self.capture = capture
 
     def norms(self) -> Optional[torch.Tensor]:
-        """[local, synced] gradient norms over all buckets since start_step (None when no all-reduce ran)."""
+        """[local, synced] gradient norms over all buckets; call after backward() (None when no all-reduce ran)."""
         if not self.local_sq:
             return None
+        # Read the synchronized values here, in the training thread, rather than in the future's callback
+        # (which runs on a communication thread and would have to take the GIL in the middle of backward).
+        synced_sq = [torch.linalg.vector_norm(b).square() for b in self.buckets]
         if len(self.local_sq) == 1:  # the usual case for small models: one bucket, no extra ops
-            return torch.stack([self.local_sq[0], self.synced_sq[0]]).sqrt()
-        return torch.stack([torch.stack(self.local_sq).sum(), torch.stack(self.synced_sq).sum()]).sqrt()
+            return torch.stack([self.local_sq[0], synced_sq[0]]).sqrt()
+        return torch.stack([torch.stack(self.local_sq).sum(), torch.stack(synced_sq).sum()]).sqrt()
 
 
 def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -40,6 +43,7 @@ def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> to
     buf = bucket.buffer()  # this rank's gradients for the bucket, flattened: still local at this point
     if state.record:
         state.local_sq.append(torch.linalg.vector_norm(buf).square())
+        state.buckets.append(buf)
         if state.capture:
             for p, g in zip(bucket.parameters(), bucket.gradients()):
                 state.local_grads[id(p)] = g.detach().clone()
@@ -52,20 +56,10 @@ def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> to
         fut = dist.all_reduce(payload, async_op=True).get_future()
 
         def decompress(f: torch.futures.Future) -> torch.Tensor:
-            buf.copy_(f.value()[0])
-            if state.record:
-                state.synced_sq.append(torch.linalg.vector_norm(buf).square())
-            return buf
+            return buf.copy_(f.value()[0])
 
         return fut.then(decompress)
     buf.div_(world)  # sum of (g_r / N) over ranks = the mean gradient, identical on every rank
     state.bytes_sent += buf.numel() * buf.element_size()
-    fut = dist.all_reduce(buf, async_op=True).get_future()
-
-    def done(f: torch.futures.Future) -> torch.Tensor:
-        out = f.value()[0]
-        if state.record:  # the averaged gradient, identical on every rank
-            state.synced_sq.append(torch.linalg.vector_norm(out).square())
-        return out
-
-    return fut.then(done)
+    fut = dist.all_reduce(buf, async_op=True).get_future()  # in place: buf becomes the averaged gradient
+    return fut.then(lambda f: f.value()[0])

@@ -209,6 +209,7 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
                 p.kill()
                 p.join()
         del store  # frees the port for the next run
+        results.close()  # release the queue's pipe and lock now, not at interpreter exit
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
