@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks bench faults lab clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions bench faults lab clean
 
 env: $(STAMP)
 
@@ -32,6 +32,13 @@ test-unit: env
 
 test-notebooks: env
 	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+
+test-browser: env
+	.ci/install_browser.sh
+	$(PY) -m pytest tests/test_browser.py -q
+
+solutions: env
+	$(PY) -m teacher.solutions
 
 bench: env
 	$(PY) benchmarks/bench_pipelines.py --markdown

@@ -20,6 +20,7 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
     "plot_losses": "plots", "plot_grad_norms": "plots", "plot_fingerprints": "plots", "plot_shards": "plots",
     "plot_captured_grads": "plots", "ReferenceResult": "reference",
+    "control_panel": "panel", "ControlPanel": "panel",
 }
 
 __all__ = sorted(_EXPORTS)

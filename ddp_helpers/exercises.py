@@ -15,12 +15,10 @@ import dis
 import functools
 import inspect
 import linecache
-import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import socket
-import sys
 import tempfile
 import time
 import traceback
@@ -34,8 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ._proc import die_with_parent
-from .launcher import LaunchError, RankFailedError, launch, stop_processes
 from .config import ConfigError
+from .launcher import LaunchError, RankFailedError, launch, stop_processes
 from .model import build_model
 
 CHECK_TIMEOUT_S = 40.0  # a whole check; a learner's deadlock ends here at the latest
@@ -45,8 +43,8 @@ NOT_DONE = "not_done"
 NOT_DONE_HINT = "replace the `raise NotImplementedError(...)` line with your code, then run this cell again."
 
 __all__ = [
-    "CheckResult", "EXERCISES", "NOT_DONE", "check_init_group", "check_global_mean", "check_shard_indices",
-    "check_make_loader", "check_average_gradients", "check_accumulation_step", "check_save_checkpoint",
+    "EXERCISES", "NOT_DONE", "CheckResult", "check_accumulation_step", "check_average_gradients",
+    "check_global_mean", "check_init_group", "check_make_loader", "check_save_checkpoint", "check_shard_indices",
     "summarize",
 ]
 
@@ -182,7 +180,7 @@ def _student_outcomes(outs: Sequence[Dict[str, Any]], key: str = "call") -> List
     calls = [o[key] for o in outs]
     if any(c["status"] == NOT_DONE for c in calls):
         raise _fail(NOT_DONE, NOT_DONE_HINT)
-    for r, c in enumerate(calls):
+    for c in calls:
         if c["status"] == "mistake":
             raise _fail(c["mistake"], c["hint"])
     errors = {r: c for r, c in enumerate(calls) if c["status"] == "error"}
@@ -411,11 +409,19 @@ def _run_without_group(harness: Callable, world_size: int, args: tuple) -> List[
     return outs
 
 
+def _port_taken(outs: Sequence[Optional[Dict[str, Any]]]) -> bool:
+    return any(o is not None and o["call"]["status"] == "error" and "address already in use" in
+               o["call"]["message"].lower() for o in outs)
+
+
 @_exercise("init_group")
 def check_init_group(student_fn: Callable) -> str:
     """Exercise 1: init_group(rank, world_size, port) must join a gloo process group that meets on `port`."""
     world_size = 2
-    outs = _run_without_group(_init_harness, world_size, (student_fn, _free_port()))
+    for _attempt in range(3):  # the free port we picked can be taken by another program before rank 0 binds it
+        outs = _run_without_group(_init_harness, world_size, (student_fn, _free_port()))
+        if not _port_taken(outs):
+            break
     reported = [o for o in outs if o is not None]
     _student_outcomes(reported)
     if len(reported) < world_size:
@@ -550,7 +556,7 @@ def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
         raise _fail("overlap", f"n={n}: ranks 0 and 1 share {len(overlap)} indices. Shuffle with the same seed on "
                                "every rank (seed + epoch, not rank), then split that one permutation: "
                                "perm[rank::world_size].")
-    missing = sorted(set(range(n)) - set(i for s in shards for i in s))
+    missing = sorted(set(range(n)) - {i for s in shards for i in s})
     if missing:
         raise _fail("not_covering", f"n={n}: indices {missing[:5]} are never used by any rank: every sample must "
                                     "be in some rank's shard (pad with repeats instead of dropping).")
@@ -726,7 +732,8 @@ def _avg_diagnosis(outs: List[Dict[str, Any]], world_size: int) -> Optional[_Ver
     if any(a is None for o in after for a in o):
         return _fail("grad_removed", "some p.grad is None after your function: average the gradients in place "
                                      "(all_reduce p.grad, then divide), don't delete them.")
-    mean = [np.mean([local[r][i] for r in range(world_size)], axis=0) for i in range(n_params)]
+    # The reference: one process on the global batch (every rank's batch). Equal batch sizes make it the mean.
+    mean = _reference_grads(world_size, [0], GRAD_BATCH)
     candidates = {
         "mean": lambda r, i: mean[i],
         "sum": lambda r, i: mean[i] * world_size,
@@ -818,12 +825,17 @@ def _acc_harness(rank: int, world_size: int, student_fn: Callable) -> Dict[str, 
     return {"call": call, "allreduces": calls[0], "steps": steps[0], "params": params}
 
 
-def _reference_grad(world_size: int, micro_ids: Sequence[int], scale: float) -> np.ndarray:
-    """One process: the gradient of the mean loss over the given micro-batches of every rank, times scale."""
+def _reference_grads(world_size: int, micro_ids: Sequence[int], batch: int) -> List[np.ndarray]:
+    """One process, per parameter: the gradient of the mean loss over the given batches of every rank."""
     model = _model(0)
-    xs, ys = zip(*[_rank_batch(r, k, ACC_BATCH) for r in range(world_size) for k in micro_ids])
+    xs, ys = zip(*[_rank_batch(r, k, batch) for r in range(world_size) for k in micro_ids])
     F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double().numpy() * scale
+    return [p.grad.reshape(-1).double().numpy() for p in model.parameters()]
+
+
+def _reference_grad(world_size: int, micro_ids: Sequence[int], scale: float) -> np.ndarray:
+    """The same over the accumulation exercise's micro-batches, as one flat vector, times scale."""
+    return np.concatenate(_reference_grads(world_size, micro_ids, ACC_BATCH)) * scale
 
 
 @_exercise("accumulation_step")

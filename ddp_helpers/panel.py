@@ -119,13 +119,17 @@ class ControlPanel:
             result = run_training(cfg, progress=False, start_method=method, on_progress=self._on_progress)
             seconds = time.monotonic() - t0
         except ConfigError as e:
-            return self._failed(run, e, f"setting rejected: {e}")
+            self._failed(run, e, f"setting rejected: {e}")
+            return None
         except RankFailedError as e:
-            return self._failed(run, e, f"training failed on rank {e.rank}: {e.message}")
+            self._failed(run, e, f"training failed on rank {e.rank}: {e.message}")
+            return None
         except (LaunchError, DataError) as e:
-            return self._failed(run, e, f"could not start: {e}")
+            self._failed(run, e, f"could not start: {e}")
+            return None
         except Exception as e:  # noqa: BLE001 - the panel shows every error as a message; .error keeps it
-            return self._failed(run, e, f"unexpected {type(e).__name__}: {e}")
+            self._failed(run, e, f"unexpected {type(e).__name__}: {e}")
+            return None
         finally:
             self.train_button.disabled = False
         self.result = result
@@ -141,7 +145,6 @@ class ControlPanel:
         self.error = error
         first = str(text).strip().splitlines()[0]  # never a traceback, even if a message carries one
         self._set_status("error", f"run {run}: {first}")
-        return None
 
     def _make_bars(self, world_size: int) -> None:
         import ipywidgets as w

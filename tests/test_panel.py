@@ -1,0 +1,107 @@
+"""The training control panel, without a browser: build it, set values, press Train, read the result and errors."""
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from ddp_helpers import ConfigError, RankFailedError, TrainConfig  # noqa: E402
+from ddp_helpers.panel import ControlPanel, choose_start_method, control_panel  # noqa: E402
+
+BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained_panel():
+    """A panel after one real 2-rank training started by pressing its button (shared by the read-only tests)."""
+    panel = control_panel(BASE)
+    panel.world_size.value = 2
+    panel.batch_size.value = 64
+    panel.lr.value = 0.05
+    panel.epochs.value = 1
+    panel.train_button.click()
+    return panel
+
+
+def test_widgets_show_the_base_settings():
+    panel = control_panel(BASE)
+    assert panel.settings() == {"world_size": 2, "backend": "gloo", "dataset": "mnist-5k", "batch_size": 64,
+                                "lr": 0.01, "epochs": 1}
+    assert panel.result is None and panel.error is None and panel.bars == []
+    assert panel.train_button.description == "Train"
+    bundle = panel._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == ("ControlPanel(world_size=2, backend='gloo', dataset='mnist-5k', batch_size=64, "
+                                    "lr=0.01, epochs=1)")
+
+
+def test_fork_is_chosen_when_safe():
+    assert choose_start_method() == "fork"  # this CPU-only test process never initializes CUDA
+    assert choose_start_method("spawn") == "spawn"
+
+
+def test_train_button_runs_real_training(trained_panel):
+    panel = trained_panel
+    result = panel.result
+    assert panel.error is None
+    assert result is not None and result.complete
+    assert result.config["lr"] == 0.05 and result.world_size == 2
+    assert result.n_steps == 32  # mnist-5k: 4,000 training digits / 2 ranks / 64 per batch
+    assert result.fingerprints_agree()
+    assert panel.message.startswith("run 1 finished: 32 steps per rank on 2 rank(s)")
+    assert "Traceback" not in panel.status.value
+    assert not panel.train_button.disabled
+
+
+def test_progress_bars_reach_the_total(trained_panel):
+    panel = trained_panel
+    assert len(panel.bars) == 2
+    assert [(b.value, b.max) for b in panel.bars] == [(32, 32), (32, 32)]
+    assert [lab.value for lab in panel.bar_labels] == ["32/32 steps", "32/32 steps"]
+    assert all(b.bar_style == "success" for b in panel.bars)
+
+
+def test_plots_appear_in_the_output_widget(trained_panel):
+    outputs = trained_panel.output.outputs
+    assert len(outputs) == 2  # loss and gradient norms
+    for out in outputs:
+        assert out["output_type"] == "display_data"
+        png = base64.b64decode(out["data"]["image/png"])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_same_settings_reproduce_run_training(trained_panel):
+    from ddp_helpers import run_training
+
+    direct = run_training(BASE.replace(lr=0.05), progress=False, start_method="fork")
+    assert (direct.final_params == trained_panel.result.final_params).all()
+
+
+@pytest.mark.parametrize("widget, value, setting", [
+    ("lr", 0.0, "TrainConfig.lr=0.0"),
+    ("batch_size", 0, "TrainConfig.batch_size=0"),
+    ("backend", "nccl", "nccl needs CUDA GPUs"),
+])
+def test_bad_setting_shows_a_message_not_a_traceback(widget, value, setting):
+    panel = control_panel(BASE)
+    getattr(panel, widget).value = value
+    panel.train_button.click()
+    assert isinstance(panel.error, ConfigError)
+    assert panel.result is None
+    assert panel.message.startswith("run 1: setting rejected: ") and setting in panel.message
+    assert setting in panel.status.value and "Traceback" not in panel.status.value
+    assert panel.bars == [] and panel.output.outputs == ()  # nothing started
+    assert not panel.train_button.disabled
+
+
+def test_failed_rank_shows_a_message_and_keeps_the_last_result(trained_panel):
+    panel = ControlPanel(BASE.replace(fault_rank=1, fault_step=3))
+    panel.result = trained_panel.result  # as if an earlier run had succeeded
+    panel.train_button.click()
+    assert isinstance(panel.error, RankFailedError) and panel.error.rank == 1
+    assert panel.message == "run 1: training failed on rank 1: InjectedFault: injected fault on rank 1 at step 3"
+    assert "Traceback" not in panel.status.value
+    assert panel.result is trained_panel.result  # the last finished run is kept
+    assert panel.bars[1].value <= 3  # it stopped where rank 1 failed, far from the 32 steps
