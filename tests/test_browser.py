@@ -1,11 +1,17 @@
-"""Real-browser test: JupyterLab runs notebooks/07_control_panel.ipynb in headless Chromium, then we press Train.
+"""Real-browser tests: JupyterLab in headless Chromium, driven like a learner would.
 
+* test_control_panel_notebook_in_jupyterlab runs notebooks/07_control_panel.ipynb, then presses Train.
+* test_student_fills_a_blank_in_the_browser opens notebooks/exercises/exercises.ipynb, types the solution
+  into one blank and a typical wrong answer into another, runs all cells and reads PASS / TRY AGAIN / NOT DONE YET.
+
+Neither saves anything: autosave is off and the notebooks on disk are checked (and restored) afterwards.
 Needs Debian's chromium (/usr/bin/chromium) and the Playwright Python package (never `playwright install`:
 it would download a browser of its own); `.ci/install_browser.sh` installs both. Skips cleanly without them.
 Screenshots go to $DDP_HELPERS_ARTIFACTS (default: <tmp>/ddp_helpers-artifacts); their paths are printed.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -15,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "07_control_panel.ipynb"
+EXERCISES_NB = ROOT / "notebooks" / "exercises" / "exercises.ipynb"
 CHROMIUM = os.environ.get("DDP_HELPERS_CHROMIUM", "/usr/bin/chromium")  # Debian's package
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -171,78 +179,183 @@ def _wait(what: str, condition, timeout: float, page=None) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.timeout(600)
-def test_control_panel_notebook_in_jupyterlab(tmp_path, capsys):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    n_code = sum(1 for c in nb["cells"] if c["cell_type"] == "code")
-    original = NOTEBOOK.read_bytes()
-    checkpoints = NOTEBOOK.parent / ".ipynb_checkpoints"  # JupyterLab writes one when it opens a notebook
+@contextmanager
+def notebook_in_lab(tmp: Path, notebook: Path):
+    """`notebook` open in JupyterLab in Chromium, its kernel started and idle; yields (page, base, token).
+
+    Afterwards the notebook file is byte-for-byte what it was (a change fails the test, after restoring it) and
+    any checkpoint JupyterLab wrote next to it is removed: the servers and the browser are gone by then.
+    """
+    original = notebook.read_bytes()
+    checkpoints = notebook.parent / ".ipynb_checkpoints"  # JupyterLab writes one when it opens a notebook
     had_checkpoints = set(checkpoints.iterdir()) if checkpoints.is_dir() else None
     try:
-        with jupyterlab(tmp_path) as server, chromium(tmp_path) as page:
+        with jupyterlab(tmp) as server, chromium(tmp) as page:
             base, token = server.split("|")
             page.set_default_timeout(60_000)
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+            page.goto(f"{base}/lab/tree/{notebook.relative_to(ROOT / 'notebooks').as_posix()}?token={token}")
             page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell")
             _wait("the kernel to start", lambda: _kernels_idle(base, token), 120, page)
-            assert len(_prompts(page)) == n_code
-
-            # Clear the stored outputs first, so everything checked below comes from this run.
-            _menu(page, "Edit", "Clear Outputs of All Cells")
-            _wait("cleared prompts", lambda: not any(re.search(r"\d", p) for p in _prompts(page)), 30, page)
-            _menu(page, "Run", "Run All Cells")
-            _wait("every code cell to run", lambda: all(re.fullmatch(r"\[\d+\]:", p) for p in _prompts(page))
-                  and _kernels_idle(base, token), 300, page)
-            assert [int(p[1:-2]) for p in _prompts(page)] == list(range(1, n_code + 1))
-
-            errors = page.locator('[data-mime-type="application/vnd.jupyter.error"]').count()
-            stderr = page.eval_on_selector_all('.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]',
-                                               "els => els.map(e => e.textContent)")
-            assert errors == 0, "a cell produced an error output"
-            assert not [t for t in stderr if "Traceback" in t], f"a traceback on stderr: {stderr}"
-
-            # plot_losses and plot_grad_norms as images, then the same two in the panel's Output widget.
-            widths = page.eval_on_selector_all(".jp-RenderedImage img", "els => els.map(e => e.naturalWidth)")
-            assert len(widths) >= 4 and all(w > 100 for w in widths), widths
-
-            text = page.inner_text(".jp-NotebookPanel")
-            assert "Loading widget" not in text and "Error displaying widget" not in text
-            assert page.locator(".jp-NotebookPanel .jupyter-widgets").count() >= 10
-            train = page.locator(".jp-NotebookPanel button.widget-button:has-text('Train')")
-            assert train.count() == 1
-            for label in ("world size", "backend", "dataset", "batch size", "lr", "epochs"):
-                assert page.locator(f".jp-NotebookPanel .widget-label:text-is('{label}')").count() == 1, label
-            assert page.locator(".jp-NotebookPanel .widget-hprogress").count() == 2  # the notebook's run: 2 ranks
-            assert "run 2 finished: 32 steps per rank on 2 rank(s)" in text
-
-            # Now press Train in the browser: the kernel trains again and the bars and plots are redrawn.
-            train.scroll_into_view_if_needed()
-            train.click()
-            status = page.locator(".jp-NotebookPanel .widget-html:has-text('run 3 ')")
-            status.wait_for(timeout=120_000)
-            _wait("the browser-started run to finish",
-                  lambda: "finished" in status.inner_text() or "failed" in status.inner_text(), 120, page)
-            assert "run 3 finished: 32 steps per rank on 2 rank(s)" in status.inner_text()
-            labels = page.eval_on_selector_all(".jp-NotebookPanel .widget-hprogress + .widget-label",
-                                               "els => els.map(e => e.textContent)")
-            assert labels == ["32/32 steps", "32/32 steps"], labels
-            _wait("the panel's plots", lambda: page.locator(".jp-NotebookPanel .jupyter-widgets "
-                                                            ".jp-RenderedImage img").count() == 2, 30, page)
-
-            page.locator(".jp-NotebookPanel .widget-html:has-text('DDP training control panel')").evaluate(
-                "e => e.scrollIntoView({block: 'start'})")  # the whole panel: settings, bars, plots
-            page.screenshot(path=str(ARTIFACTS / "browser.png"))
-            page.locator(".jp-RenderedImage img").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "browser-plots.png"))
-            with capsys.disabled():
-                print(f"\nscreenshots: {ARTIFACTS / 'browser.png'} {ARTIFACTS / 'browser-plots.png'}")
+            yield page, base, token
     finally:
         if checkpoints.is_dir():  # leave notebooks/ as we found it
             for f in set(checkpoints.iterdir()) - (had_checkpoints or set()):
                 f.unlink()
             if had_checkpoints is None and not any(checkpoints.iterdir()):
                 checkpoints.rmdir()
-        if NOTEBOOK.read_bytes() != original:  # autosave is off; this guards the committed notebook anyway
-            NOTEBOOK.write_bytes(original)
-            pytest.fail(f"{NOTEBOOK.name} was modified by the browser session (restored)")
+        if notebook.read_bytes() != original:  # autosave is off; this guards the committed notebook anyway
+            notebook.write_bytes(original)
+            pytest.fail(f"{notebook.name} was modified by the browser session (restored)")
+
+
+def _code_cells(notebook: Path) -> List[str]:
+    """The sources of the notebook's code cells, in order (the order of _prompts and _outputs)."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _clear_and_run_all(page, base: str, token: str, n_code: int, timeout: float) -> None:
+    """Clear the stored outputs (so everything checked comes from this run), Run All Cells, wait for the end."""
+    assert len(_prompts(page)) == n_code
+    _menu(page, "Edit", "Clear Outputs of All Cells")
+    _wait("cleared prompts", lambda: not any(re.search(r"\d", p) for p in _prompts(page)), 30, page)
+    _menu(page, "Run", "Run All Cells")
+    _wait("every code cell to run", lambda: all(re.fullmatch(r"\[\d+\]:", p) for p in _prompts(page))
+          and _kernels_idle(base, token), timeout, page)
+    assert [int(p[1:-2]) for p in _prompts(page)] == list(range(1, n_code + 1))
+
+
+def _assert_no_error_output(page) -> None:
+    errors = page.locator('[data-mime-type="application/vnd.jupyter.error"]').count()
+    stderr = page.eval_on_selector_all('.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]',
+                                       "els => els.map(e => e.textContent)")
+    assert errors == 0, "a cell produced an error output"
+    assert not [t for t in stderr if "Traceback" in t], f"a traceback on stderr: {stderr}"
+
+
+def _outputs(page) -> List[str]:
+    """The text of each code cell's output area, in order."""
+    return page.eval_on_selector_all(".jp-NotebookPanel .jp-CodeCell",
+                                     "els => els.map(e => { const o = e.querySelector('.jp-OutputArea');"
+                                     " return o ? o.innerText : ''; })")
+
+
+def _edit_cell_like_a_student(page, marker: str, source: str) -> None:
+    """Click into the one code cell whose editor contains `marker`, select all of it and put `source` there.
+
+    insert_text sends the text as one input, as a paste would: typing it key by key would let the editor add
+    its own indentation and closing brackets.
+    """
+    cell = page.locator(".jp-NotebookPanel .jp-CodeCell").filter(
+        has=page.locator(".jp-InputArea-editor", has_text=marker))
+    assert cell.count() == 1, f"{cell.count()} cells contain {marker!r}"
+    editor = cell.locator(".jp-InputArea-editor .cm-content")
+    editor.scroll_into_view_if_needed()
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(source)
+    page.keyboard.press("Escape")  # back to command mode, as after finishing an edit
+    lines = cell.locator(".jp-InputArea-editor .cm-line").evaluate_all("els => els.map(e => e.textContent)")
+    assert "\n".join(lines).replace("\u200b", "").rstrip() == source.rstrip(), lines
+
+
+def _as_cell(fn, name: str) -> str:
+    """A teacher/ function's source, renamed to the notebook's blank `name`, plus the blank's own print."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    src = re.sub(r"^@wrong\(.*\)\n", "", src, flags=re.M)  # the wrong-answer registry's decorator
+    src = re.sub(r"^def \w+\(", f"def {name}(", src, count=1, flags=re.M)
+    return f'{src.rstrip()}\n\n\nprint("defined {name}")\n'
+
+
+
+@pytest.mark.timeout(600)
+def test_control_panel_notebook_in_jupyterlab(tmp_path, capsys):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    n_code = len(_code_cells(NOTEBOOK))
+    with notebook_in_lab(tmp_path, NOTEBOOK) as (page, base, token):
+        _clear_and_run_all(page, base, token, n_code, 300)
+        _assert_no_error_output(page)
+
+        # plot_losses and plot_grad_norms as images, then the same two in the panel's Output widget.
+        widths = page.eval_on_selector_all(".jp-RenderedImage img", "els => els.map(e => e.naturalWidth)")
+        assert len(widths) >= 4 and all(w > 100 for w in widths), widths
+
+        text = page.inner_text(".jp-NotebookPanel")
+        assert "Loading widget" not in text and "Error displaying widget" not in text
+        assert page.locator(".jp-NotebookPanel .jupyter-widgets").count() >= 10
+        train = page.locator(".jp-NotebookPanel button.widget-button:has-text('Train')")
+        assert train.count() == 1
+        for label in ("world size", "backend", "dataset", "batch size", "lr", "epochs"):
+            assert page.locator(f".jp-NotebookPanel .widget-label:text-is('{label}')").count() == 1, label
+        assert page.locator(".jp-NotebookPanel .widget-hprogress").count() == 2  # the notebook's run: 2 ranks
+        assert "run 2 finished: 32 steps per rank on 2 rank(s)" in text
+
+        # Now press Train in the browser: the kernel trains again and the bars and plots are redrawn.
+        train.scroll_into_view_if_needed()
+        train.click()
+        status = page.locator(".jp-NotebookPanel .widget-html:has-text('run 3 ')")
+        status.wait_for(timeout=120_000)
+        _wait("the browser-started run to finish",
+              lambda: "finished" in status.inner_text() or "failed" in status.inner_text(), 120, page)
+        assert "run 3 finished: 32 steps per rank on 2 rank(s)" in status.inner_text()
+        labels = page.eval_on_selector_all(".jp-NotebookPanel .widget-hprogress + .widget-label",
+                                           "els => els.map(e => e.textContent)")
+        assert labels == ["32/32 steps", "32/32 steps"], labels
+        _wait("the panel's plots", lambda: page.locator(".jp-NotebookPanel .jupyter-widgets "
+                                                        ".jp-RenderedImage img").count() == 2, 30, page)
+
+        page.locator(".jp-NotebookPanel .widget-html:has-text('DDP training control panel')").evaluate(
+            "e => e.scrollIntoView({block: 'start'})")  # the whole panel: settings, bars, plots
+        page.screenshot(path=str(ARTIFACTS / "browser.png"))
+        page.locator(".jp-RenderedImage img").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "browser-plots.png"))
+        with capsys.disabled():
+            print(f"\nscreenshots: {ARTIFACTS / 'browser.png'} {ARTIFACTS / 'browser-plots.png'}")
+
+
+@pytest.mark.timeout(600)
+def test_student_fills_a_blank_in_the_browser(tmp_path, capsys):
+    """A learner's path: solve one blank, get another wrong, Run All, read the checks' verdicts."""
+    from ddp_helpers.exercises import EXERCISES
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, not installed (as in test_exercises.py)
+    from teacher import solutions
+    from teacher.wrong_answers import WRONG
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    sources = _code_cells(EXERCISES_NB)
+    solved, wrong = "average_gradients", "global_mean"  # exercise 5 right, exercise 2 without the division
+    mistake = next(w for w in WRONG if w.exercise == wrong and w.mistake == "no_divide")
+    check_cell = {name: next(k for k, src in enumerate(sources) if f"check_{name}({name})" in src)
+                  for name in EXERCISES}
+    with notebook_in_lab(tmp_path, EXERCISES_NB) as (page, base, token):
+        # Edit the two blanks the way a student does (click, select all, type), then clear and Run All Cells.
+        _edit_cell_like_a_student(page, f"def {solved}(", _as_cell(getattr(solutions, solved), solved))
+        _edit_cell_like_a_student(page, f"def {wrong}(", _as_cell(mistake.fn, wrong))
+        _clear_and_run_all(page, base, token, len(sources), 300)
+        _assert_no_error_output(page)
+
+        outputs = _outputs(page)
+        verdicts = {name: " ".join(outputs[k].split()) for name, k in check_cell.items()}  # whitespace folded
+        assert verdicts[solved].startswith(f"PASS {solved}: "), verdicts[solved]
+        assert verdicts[wrong].startswith(f"TRY AGAIN {wrong}: every rank got the sum"), verdicts[wrong]
+        assert mistake.hint in verdicts[wrong], (mistake.hint, verdicts[wrong])
+        for name in set(EXERCISES) - {solved, wrong}:
+            assert verdicts[name].startswith(f"NOT DONE YET {name}: replace the `raise NotImplementedError"), \
+                verdicts[name]
+        text = page.inner_text(".jp-NotebookPanel")
+        assert "Traceback" not in text and "NotImplementedError:" not in text
+        summary = outputs[-1]
+        assert "1 of 7 exercises pass" in summary and re.search(rf"{solved}\s+done", summary), summary
+        assert re.search(rf"{wrong}\s+try again", summary), summary
+
+        # The wrong answer's cell and verdict at the top of the screen, the solved one lower down.
+        page.locator(".jp-NotebookPanel .jp-CodeCell").nth(check_cell[wrong] - 1).evaluate(
+            "e => e.scrollIntoView({block: 'start'})")
+        page.screenshot(path=str(ARTIFACTS / "browser-student-wrong.png"))
+        page.locator(".jp-NotebookPanel .jp-CodeCell").nth(check_cell[solved] - 1).evaluate(
+            "e => e.scrollIntoView({block: 'start'})")
+        page.screenshot(path=str(ARTIFACTS / "browser-student.png"))
+        with capsys.disabled():
+            print(f"\nscreenshots: {ARTIFACTS / 'browser-student.png'} {ARTIFACTS / 'browser-student-wrong.png'}")
