@@ -16,9 +16,9 @@ F_LOSS, F_LOCAL, F_SYNCED, F_TIME, F_START = range(5)
 # Columns of the int64 step table.
 I_STEP, I_FPRINT, I_SAMPLES = range(3)
 # Columns of the per-rank summary row.
-(R_T_INIT, R_T_FIRST, R_T_END, R_CORRECT, R_TOTAL, R_RSS, R_CUDA, R_THREADS, R_BYTES, R_ALLREDUCES,
- R_EPOCH_SAMPLES) = range(11)
-N_RANK_FIELDS = 11
+(R_T_INIT, R_T_FIRST, R_T_END, R_CORRECT, R_TOTAL, R_RSS, R_CUDA, R_THREADS, R_BYTES,
+ R_ALLREDUCES) = range(10)
+N_RANK_FIELDS = 10
 
 RESULT_FORMAT = "ddp_helpers.TrainResult/1"
 

@@ -419,3 +419,18 @@ def test_resume_with_a_different_learning_rate_is_refused(tmp_path):
     run_training(SMALL.replace(max_steps=2, checkpoint_dir=str(tmp_path)), progress=False, start_method="fork")
     with pytest.raises(ConfigError, match="lr"):
         run_training(SMALL.replace(lr=0.1, resume_from=str(tmp_path / "ckpt-0000002.pt")), progress=False)
+
+
+def test_unwritable_data_root_refused_even_when_running_as_root(tmp_path, monkeypatch):
+    """Root may write anywhere, so deny write access the way a normal user would meet it."""
+    from ddp_helpers import config as C
+    from ddp_helpers import data as D
+
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(C.os, "access", lambda p, mode: False if str(p).startswith(str(ro)) else real_access(p, mode))
+    D._load_cached.cache_clear()
+    with pytest.raises(ConfigError, match=r"TrainConfig\.data_root=.*not accepted: a directory this user can write"):
+        run_training(SMALL.replace(dataset="fashion-mnist", data_root=str(ro)), progress=False)
+    D._load_cached.cache_clear()
