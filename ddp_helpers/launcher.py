@@ -60,8 +60,8 @@ def _quiet_child(log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
-def _rank_entry(rank: int, fn: Callable, world_size: int, backend: str, host: str, port: int, timeout_s: float,
-                threads: int, results: Any, log_dir: str, fn_args: tuple) -> None:
+def _rank_entry(rank: int, fn: Callable, world_size: int, backend: str, host: str, port_queue: Any,
+                timeout_s: float, threads: int, results: Any, log_dir: str, fn_args: tuple) -> None:
     """What each child runs: join the process group, call fn(rank, world_size, *fn_args), report back."""
     die_with_parent()
     _quiet_child(os.path.join(log_dir, f"rank{rank}.log"))
@@ -69,6 +69,7 @@ def _rank_entry(rank: int, fn: Callable, world_size: int, backend: str, host: st
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     try:
         timeout = datetime.timedelta(seconds=timeout_s)
+        port = port_queue.get()  # the parent starts the store after starting us (see launch) and sends its port
         # The parent owns the rendezvous store (it picked the port), so ranks join as clients.
         store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
@@ -156,16 +157,15 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
         import torch._dynamo  # noqa: F401
     threads = threads_per_rank or default_threads(world_size)
     timeout = datetime.timedelta(seconds=timeout_s)
-    # The store is the rendezvous: binding port 0 lets the OS pick a free port, and holding it open while the
-    # ranks run means two launches at once can never collide (the listing's fixed 23456 can).
-    store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
     ctx_mp = mp.get_context(start_method)
     results = ctx_mp.SimpleQueue()
+    port_queue = ctx_mp.SimpleQueue()
     log_dir = tempfile.mkdtemp(prefix="ddp_helpers-")
-    child_args = (fn, world_size, backend, host, store.port, timeout_s, threads, results, log_dir, args)
+    child_args = (fn, world_size, backend, host, port_queue, timeout_s, threads, results, log_dir, args)
     context = mp.start_processes(_rank_entry, args=child_args, nprocs=world_size, join=False,
                                  start_method=start_method)
     procs = context.processes
+    store = None
     outputs: List[Any] = [None] * world_size
     done: set = set()
     errors: dict = {}
@@ -182,6 +182,13 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
         return [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
 
     try:
+        # The store is the rendezvous: binding port 0 lets the OS pick a free port, and holding it open while the
+        # ranks run means two launches at once can never collide (the listing's fixed 23456 can). It starts only
+        # now, after the ranks exist: a forked child must not inherit the store's server thread (it could hold a
+        # lock at the moment of the fork, and the child would then hang in the rendezvous).
+        store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        for _ in range(world_size):
+            port_queue.put(store.port)
         while len(done) < world_size:
             if on_poll is not None:
                 on_poll()
@@ -208,8 +215,9 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
             if p.is_alive():
                 p.kill()
                 p.join()
-        del store  # frees the port for the next run
-        results.close()  # release the queue's pipe and lock now, not at interpreter exit
+        store = None  # frees the port for the next run
+        results.close()  # release the queues' pipes and locks now, not at interpreter exit
+        port_queue.close()
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
