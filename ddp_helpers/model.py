@@ -18,14 +18,6 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
 
 
-def flat_grads(model: nn.Module) -> torch.Tensor:
-    """All .grad tensors as one float32 CPU vector (zeros where a grad is missing)."""
-    return torch.cat([
-        (p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device)).float().cpu()
-        for p in model.parameters()
-    ])
-
-
 def fingerprint(tensors) -> int:
     """64 bits of SHA-256 over the tensors' bytes: equal exactly when the values are bitwise equal.
 
