@@ -1,7 +1,11 @@
-"""Process hygiene shared by launched ranks and their DataLoader workers."""
+"""Process hygiene shared by launched ranks and their DataLoader workers: parent-death signal and core binding."""
 from __future__ import annotations
 
+import os
 import signal
+from typing import List, Optional, Sequence
+
+_ALL_CORES_ENV = "DDP_HELPERS_ALL_CORES"  # the cores the launcher could use, for processes a bound rank starts
 
 
 def die_with_parent() -> None:
@@ -12,3 +16,35 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the launcher's own cleanup still applies
         pass
+
+
+def usable_cores() -> List[int]:
+    """The cores this process may run on (its affinity mask, which cgroups and taskset can narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[List[List[int]]]:
+    """Disjoint cores for each rank (rank r gets `threads` of them), or None when binding would not help.
+
+    None when there is one rank (nothing to separate) or too few cores to give every rank its own.
+    """
+    if world_size < 2 or threads < 1 or world_size * threads > len(cores):
+        return None
+    return [list(cores[r * threads:(r + 1) * threads]) for r in range(world_size)]
+
+
+def bind_this_thread(cores: Sequence[int]) -> None:
+    """Pin the calling thread (and the threads and processes it starts later) to these cores."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    os.environ.setdefault(_ALL_CORES_ENV, ",".join(map(str, usable_cores())))
+    os.sched_setaffinity(0, set(cores))  # pid 0 = the calling thread only on Linux
+
+
+def unbind_this_process() -> None:
+    """Undo an inherited binding (a DataLoader worker forked by a bound rank may use every core again)."""
+    saved = os.environ.get(_ALL_CORES_ENV)
+    if saved and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in saved.split(",")})

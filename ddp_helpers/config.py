@@ -8,6 +8,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from ._proc import usable_cores
+
 BACKENDS = ("auto", "gloo", "nccl")
 DATASETS = ("mnist", "fashion-mnist", "mnist-5k")
 PIPELINES = ("default", "seed")
@@ -39,6 +41,7 @@ class TrainConfig:
     telemetry: bool = True  # record per-step losses, norms, fingerprints (off = the bare loop)
     capture_grad_steps: Tuple[int, ...] = (0,)  # steps whose full local and synced gradients are kept
     threads_per_rank: Optional[int] = None  # torch threads per CPU rank (None = cores // world_size)
+    bind_cores: Optional[bool] = None  # give each CPU rank's training thread its own cores (None = if enough)
     master_addr: str = "127.0.0.1"  # where the rendezvous store listens; loopback keeps it private
     master_port: int = 0  # 0 = let the OS pick a free port at launch (no fixed-port collisions)
     timeout_s: float = 60.0  # collective timeout: a dead peer turns into an error, not a hang
@@ -121,6 +124,8 @@ def check_types(cfg: TrainConfig) -> None:
         raise _bad("capture_grad_steps", cfg.capture_grad_steps, "a tuple of step numbers >= 0, e.g. (0,)")
     if cfg.threads_per_rank is not None and (not _is_int(cfg.threads_per_rank) or cfg.threads_per_rank < 1):
         raise _bad("threads_per_rank", cfg.threads_per_rank, "None (automatic) or an int >= 1")
+    if cfg.bind_cores is not None and not isinstance(cfg.bind_cores, bool):
+        raise _bad("bind_cores", cfg.bind_cores, "None (bind when every rank can have its own cores), True or False")
     if not _is_int(cfg.master_port) or not 0 <= cfg.master_port <= 65535:
         raise _bad("master_port", cfg.master_port, "0 (pick a free port) or a port number 1-65535")
     if not isinstance(cfg.master_addr, str) or not cfg.master_addr:
@@ -213,7 +218,7 @@ def _check_writable_dir(name: str, path: str) -> None:
 
 def default_threads(world_size: int) -> int:
     """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores."""
-    return max(1, (os.cpu_count() or 1) // world_size)
+    return max(1, len(usable_cores()) // world_size)
 
 
 __all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads"]

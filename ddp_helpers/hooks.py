@@ -32,7 +32,7 @@ class GradRecorder:
             return None
         # Read the synchronized values here, in the training thread, rather than in the future's callback
         # (which runs on a communication thread and would have to take the GIL in the middle of backward).
-        synced_sq = [torch.linalg.vector_norm(b).square() for b in self.buckets]
+        synced_sq = [b.dot(b) for b in self.buckets]
         if len(self.local_sq) == 1:  # the usual case for small models: one bucket, no extra ops
             return torch.stack([self.local_sq[0], synced_sq[0]]).sqrt()
         return torch.stack([torch.stack(self.local_sq).sum(), torch.stack(synced_sq).sum()]).sqrt()
@@ -42,7 +42,7 @@ def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> to
     """Record the bucket's local gradient, then average it across ranks (what DDP's default hook does)."""
     buf = bucket.buffer()  # this rank's gradients for the bucket, flattened: still local at this point
     if state.record:
-        state.local_sq.append(torch.linalg.vector_norm(buf).square())
+        state.local_sq.append(buf.dot(buf))  # squared L2 norm, one op (half the cost of vector_norm().square())
         state.buckets.append(buf)
         if state.capture:
             for p, g in zip(bucket.parameters(), bucket.gradients()):

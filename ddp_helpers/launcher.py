@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ._proc import die_with_parent
+from ._proc import bind_this_thread, core_plan, die_with_parent, usable_cores
 from .config import ConfigError, check_address, default_threads, resolve_backend
 
 START_METHODS = ("spawn", "fork")
@@ -61,7 +61,8 @@ def _quiet_child(log_path: str) -> None:
 
 
 def _rank_entry(rank: int, fn: Callable, world_size: int, backend: str, host: str, port_queue: Any,
-                timeout_s: float, threads: int, results: Any, log_dir: str, fn_args: tuple) -> None:
+                timeout_s: float, threads: int, results: Any, log_dir: str, fn_args: tuple,
+                plan: Optional[List[List[int]]] = None) -> None:
     """What each child runs: join the process group, call fn(rank, world_size, *fn_args), report back."""
     die_with_parent()
     _quiet_child(os.path.join(log_dir, f"rank{rank}.log"))
@@ -73,6 +74,12 @@ def _rank_entry(rank: int, fn: Callable, world_size: int, backend: str, host: st
         # The parent owns the rendezvous store (it picked the port), so ranks join as clients.
         store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        if plan is not None:
+            # Only now, after gloo has started its communication threads, so they stay free to run on any core.
+            # The training thread keeps its own core: a rank waits on its peer in every all-reduce, and on a
+            # small VM the scheduler otherwise moves the waking thread around (a 31 KB gloo all-reduce took
+            # 2.0 ms on average unbound, 0.9 ms bound, on the 2-core VM of the README's benchmark).
+            bind_this_thread(plan[rank])
         try:
             out = fn(rank, world_size, *fn_args)
         finally:
@@ -143,12 +150,14 @@ def check_launch(world_size: int, backend: str, start_method: str, host: str, po
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "spawn",
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
-           on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05) -> List[Any]:
+           on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
+           bind_cores: Optional[bool] = None) -> List[Any]:
     """Run fn(rank, world_size, *args) on world_size processes in one process group; return each rank's value.
 
     spawn (the default) pickles fn by name, so fn must live in an importable module; fork copies this process
     and so also runs functions defined in a notebook cell (refused once CUDA is initialized).
     A rank that fails ends all of them and raises RankFailedError; Ctrl-C ends them all and re-raises.
+    bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
     """
     backend = check_launch(world_size, backend, start_method, host, port)
     if start_method == "fork":
@@ -156,12 +165,17 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
         import torch._dynamo  # noqa: F401
     threads = threads_per_rank or default_threads(world_size)
+    plan = core_plan(world_size, threads, usable_cores()) if backend == "gloo" and bind_cores is not False else None
+    if bind_cores and plan is None:
+        raise LaunchError(f"launch(bind_cores=True) refused: {world_size} rank(s) x {threads} thread(s) need more "
+                          f"than one rank and at most {len(usable_cores())} usable cores (and the gloo backend); "
+                          "use bind_cores=None to bind only when possible")
     timeout = datetime.timedelta(seconds=timeout_s)
     ctx_mp = mp.get_context(start_method)
     results = ctx_mp.SimpleQueue()
     port_queue = ctx_mp.SimpleQueue()
     log_dir = tempfile.mkdtemp(prefix="ddp_helpers-")
-    child_args = (fn, world_size, backend, host, port_queue, timeout_s, threads, results, log_dir, args)
+    child_args = (fn, world_size, backend, host, port_queue, timeout_s, threads, results, log_dir, args, plan)
     context = mp.start_processes(_rank_entry, args=child_args, nprocs=world_size, join=False,
                                  start_method=start_method)
     procs = context.processes

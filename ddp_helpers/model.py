@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,12 +23,15 @@ def fingerprint(tensors) -> int:
     """64 bits of SHA-256 over the tensors' bytes: equal exactly when the values are bitwise equal.
 
     Accepts one tensor or an iterable of them (e.g. model.parameters()), hashed in order without copying.
+    NumPy arrays are accepted too: CPU views made once (`p.detach().numpy()`) skip the per-call conversions.
     """
-    if isinstance(tensors, torch.Tensor):
+    if isinstance(tensors, (torch.Tensor, np.ndarray)):
         tensors = [tensors]
     h = hashlib.sha256()  # SHA-NI makes this ~3x faster than blake2b here; collisions are out of the question
     for t in tensors:
-        h.update(t.detach().contiguous().cpu().numpy().view("u1"))
+        if isinstance(t, torch.Tensor):
+            t = t.detach().contiguous().cpu().numpy()
+        h.update(np.ascontiguousarray(t).view("u1"))
     return int.from_bytes(h.digest()[:8], "little", signed=True)
 
 

@@ -101,7 +101,7 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
         shared = None if cfg.pipeline == "seed" else data
         outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, buffers), backend=backend,
                          host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s, threads_per_rank=threads,
-                         on_poll=bar, start_method=start_method)
+                         on_poll=bar, start_method=start_method, bind_cores=cfg.bind_cores)
     except RankFailedError as e:
         e.partial_result = result(complete=False)  # every step the ranks published before the failure
         raise

@@ -16,6 +16,20 @@ from typing import List, Optional
 from .config import TrainConfig
 
 
+def _bool_flag(optional: bool):
+    """argparse type for a bool setting; "auto" means None where the setting allows it."""
+    def parse(text: str) -> Optional[bool]:
+        t = text.lower()
+        if t in ("1", "true", "yes", "on"):
+            return True
+        if t in ("0", "false", "no", "off"):
+            return False
+        if optional and t in ("auto", "none"):
+            return None
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of true/false" + ("/auto" if optional else ""))
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ddp_helpers.train", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -23,13 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
-        if hint is bool:
-            p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes", "on"), default=f.default,
-                           metavar="BOOL")
+        optional = typing.get_origin(hint) is typing.Union
+        base = typing.get_args(hint)[0] if optional else hint
+        if base is bool:
+            p.add_argument(flag, type=_bool_flag(optional), default=f.default,
+                           metavar="BOOL|auto" if optional else "BOOL")
         elif f.name == "capture_grad_steps":
             p.add_argument(flag, type=int, nargs="*", default=list(f.default), metavar="STEP")
         else:
-            base = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Union else hint
             p.add_argument(flag, type=base, default=f.default)
     p.add_argument("--out", default="runs/latest", help="folder for result.json and the plots")
     p.add_argument("--no-plots", action="store_true", help="write result.json only")
@@ -70,7 +85,8 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     import torch.distributed as dist
 
     from . import worker
-    from .config import default_threads, resolve_backend
+    from ._proc import bind_this_thread, core_plan, usable_cores
+    from .config import ConfigError, default_threads, resolve_backend
     from .data import load_data
     from .model import build_model, n_params
     from .telemetry import TelemetryBuffers, collect_result
@@ -83,10 +99,20 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
 
     check_types(cfg_checked)
     backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    torch.set_num_threads(cfg.threads_per_rank or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    threads = cfg.threads_per_rank or default_threads(local_world)
+    torch.set_num_threads(threads)
     t_launch = time.monotonic()
     # env:// reads MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE that torchrun set for this process.
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    plan = None
+    if backend == "gloo" and cfg.bind_cores is not False:
+        plan = core_plan(local_world, threads, usable_cores())
+    if cfg.bind_cores and plan is None:
+        raise ConfigError(f"bind_cores=True refused: {local_world} local rank(s) x {threads} thread(s) need more than "
+                          f"one rank and at most {len(usable_cores())} usable cores (and gloo); use --bind-cores auto")
+    if plan is not None:  # as launch() does: after gloo's threads exist, the training thread gets its own cores
+        bind_this_thread(plan[int(os.environ.get("LOCAL_RANK", rank))])
     try:
         first_on_node = int(os.environ.get("LOCAL_RANK", rank)) == 0
         if first_on_node:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ._proc import die_with_parent
+from ._proc import die_with_parent, unbind_this_process
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import DataSplits, load_data, SeedListingDataset, normalize, shard_indices, steps_per_epoch
@@ -59,7 +59,8 @@ def _default_batches(cfg: TrainConfig, rank: int, world_size: int, epoch: int,
     for start in range(0, len(idx_all), cfg.batch_size):
         idx = idx_all[start:start + cfg.batch_size]
         dev_idx = idx if device.type == "cpu" else idx.to(device, non_blocking=True)
-        yield images[dev_idx], labels[dev_idx], idx
+        # index_select, not images[idx]: the same rows, but ~4x faster on CPU than advanced indexing
+        yield images.index_select(0, dev_idx), labels.index_select(0, dev_idx), idx
 
 
 def _seed_batches(loader, device: torch.device) -> Iterator[Batch]:
@@ -72,6 +73,7 @@ def _seed_batches(loader, device: torch.device) -> Iterator[Batch]:
 
 def _loader_worker_init(_: int) -> None:
     die_with_parent()
+    unbind_this_process()  # the rank's own core binding is not for its loader workers: they may use any core
     torch.set_num_threads(1)
 
 
@@ -128,6 +130,8 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
         raise RuntimeError(f"telemetry buffers hold {buf.capacity} steps, the run needs {end - first}")
     A = cfg.accumulation_steps
     params = list(model.parameters())
+    # What the fingerprint hashes: on CPU, NumPy views made once (the optimizer updates the parameters in place).
+    hashed = [p.detach().numpy() for p in params] if device.type == "cpu" else params
     capture_steps = {s: i for i, s in enumerate(cfg.capture_grad_steps)}
 
     if cfg.pipeline == "seed":
@@ -203,10 +207,11 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
             idx = micro[0][2] if len(micro) == 1 else torch.cat([m[2] for m in micro])
             if cfg.telemetry:
                 norms = recorder.norms()
+                mean_loss = loss_sum / len(micro) if len(micro) > 1 else loss_sum
                 loss_v, local_v, synced_v = torch.cat(  # one device sync per step
-                    [(loss_sum / len(micro)).reshape(1), norms if norms is not None else nan2]).tolist()
+                    [mean_loss.reshape(1), norms if norms is not None else nan2]).tolist()
                 f64[row, F_LOSS], f64[row, F_LOCAL], f64[row, F_SYNCED] = loss_v, local_v, synced_v
-                i64[row, I_FPRINT] = fingerprint(params)
+                i64[row, I_FPRINT] = fingerprint(hashed)
                 idx_np = idx.numpy()
                 i64[row, I_SAMPLES] = _samples_hash(idx_np)
                 samples[row, :len(idx_np)] = idx_np

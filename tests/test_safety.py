@@ -70,6 +70,7 @@ BAD = [
     ("comm_hook", dict(comm_hook="bf16")),
     ("capture_grad_steps", dict(capture_grad_steps=[0])),
     ("threads_per_rank", dict(threads_per_rank=0)),
+    ("bind_cores", dict(bind_cores="yes")),
     ("master_port", dict(master_port=70000)),
     ("master_port", dict(master_port=-1)),
     ("master_port", dict(master_port=TAKEN_PORT)),
