@@ -6,8 +6,9 @@
 Core binding (TrainConfig.bind_cores) is on by default where the cores suffice; the table also shows the
 default without it, and the seed pipeline both ways (compared at its faster).
 Prints wall time (launch to the last rank's end), start-up (launch to the slowest rank's first step),
-training-loop time, steps/s, telemetry overhead and peak memory. Each configuration runs --repeats times,
-interleaved, and the median is reported (a 2-core VM is noisy). This is a script, not a timed test.
+training-loop time, steps/s, telemetry overhead and peak memory. The default configurations run --repeats times
+and each seed variant --seed-repeats times spread over the session, all interleaved; medians are reported
+(a 2-core VM is noisy). This is a script, not a timed test.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def main() -> int:
     p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (60k) | mnist | mnist-5k")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="runs per configuration (median reported)")
-    p.add_argument("--seed-repeats", type=int, default=1, help="runs of the slow seed pipeline")
+    p.add_argument("--seed-repeats", type=int, default=2,
+                   help="runs of each slow seed-pipeline variant, spread evenly over the repeats")
     p.add_argument("--backend", default="auto")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     args = p.parse_args()
@@ -78,10 +80,13 @@ def main() -> int:
     print("core binding: " + ("none possible" if plan is None else
                               ", ".join(f"rank {r} -> cores {c}" for r, c in enumerate(plan))))
     runs = {name: [] for name in CONFIGS}
-    for rep in range(max(args.repeats, args.seed_repeats)):
+    n_reps = max(args.repeats, args.seed_repeats)
+    # The VM's speed drifts by tens of percent over minutes: spread the few seed runs over the whole session
+    # (first and last repeat for 2) so that they and the default runs see the same conditions.
+    seed_reps = {round(i * (n_reps - 1) / max(args.seed_repeats - 1, 1)) for i in range(args.seed_repeats)}
+    for rep in range(n_reps):
         for name, overrides in CONFIGS.items():
-            limit = args.seed_repeats if overrides.get("pipeline") == "seed" else args.repeats
-            if rep >= limit:
+            if rep not in (seed_reps if name in SEEDS else range(args.repeats)):
                 continue
             t0 = time.monotonic()
             r = run_training(base.replace(**overrides), progress=False)
