@@ -229,6 +229,9 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     info[R_T_END] = time.monotonic()
+    # Stop the seed pipeline's loader workers now: the rank ends with os._exit, which would skip the finalizers
+    # that release their queues' semaphores (Python then warns about "leaked semaphore objects").
+    batches = loader = None  # noqa: F841
     info[R_BYTES], info[R_ALLREDUCES] = recorder.bytes_sent, recorder.calls
 
     correct, total = evaluate(model, data, rank, world_size, device)

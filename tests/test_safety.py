@@ -435,3 +435,21 @@ def test_unwritable_data_root_refused_even_when_running_as_root(tmp_path, monkey
     with pytest.raises(ConfigError, match=r"TrainConfig\.data_root=.*not accepted: a directory this user can write"):
         run_training(SMALL.replace(dataset="fashion-mnist", data_root=str(ro)), progress=False)
     D._load_cached.cache_clear()
+
+
+
+def test_seed_pipeline_stops_its_loader_workers_before_the_rank_ends(tmp_path, monkeypatch):
+    # A rank ends with os._exit, which skips the finalizers of live DataLoader workers' queues: their
+    # semaphores then "leak" (Python warns at shutdown). The loop must release its loader first.
+    import ddp_helpers.worker as W
+
+    original = W.evaluate
+
+    def evaluate_and_count_workers(model, data, rank, *args, **kwargs):
+        # evaluate runs right after the training loop: the loader's workers must be gone by now
+        (tmp_path / f"rank{rank}").write_text(str(len(psutil.Process().children())))
+        return original(model, data, rank, *args, **kwargs)
+
+    monkeypatch.setattr(W, "evaluate", evaluate_and_count_workers)  # forked ranks inherit the patch
+    run_training(SMALL.replace(pipeline="seed", max_steps=3, num_workers=2), progress=False, start_method="fork")
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["0", "0"]
