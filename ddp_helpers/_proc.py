@@ -35,12 +35,17 @@ def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[L
     return [list(cores[r * threads:(r + 1) * threads]) for r in range(world_size)]
 
 
-def bind_this_thread(cores: Sequence[int]) -> None:
-    """Pin the calling thread (and the threads and processes it starts later) to these cores."""
+def bind_this_thread(cores: Sequence[int]) -> bool:
+    """Pin the calling thread (and the threads and processes it starts later) to these cores; False if refused."""
     if not hasattr(os, "sched_setaffinity"):
-        return
-    os.environ.setdefault(_ALL_CORES_ENV, ",".join(map(str, usable_cores())))
-    os.sched_setaffinity(0, set(cores))  # pid 0 = the calling thread only on Linux
+        return False
+    all_cores = ",".join(map(str, usable_cores()))
+    try:
+        os.sched_setaffinity(0, set(cores))  # pid 0 = the calling thread only on Linux
+    except OSError:  # a sandbox that forbids it: binding is an optimization, so run unbound
+        return False
+    os.environ.setdefault(_ALL_CORES_ENV, all_cores)
+    return True
 
 
 def unbind_this_process() -> None:

@@ -86,3 +86,17 @@ def test_dataloader_workers_of_a_bound_rank_use_every_core():
     for rank, (mine, workers) in enumerate(out):
         assert mine == core_plan(2, 1, CORES)[rank]
         assert workers == [CORES, CORES], workers
+
+
+def _refuse(*args):
+    raise PermissionError("sched_setaffinity not allowed here")
+
+
+@needs_two_cores
+def test_a_sandbox_that_forbids_binding_still_trains(monkeypatch):
+    from ddp_helpers import TrainConfig, run_training
+
+    monkeypatch.setattr(os, "sched_setaffinity", _refuse)  # forked ranks inherit the refusal
+    res = run_training(TrainConfig(dataset="mnist-5k", max_steps=3, threads_per_rank=1), progress=False,
+                       start_method="fork")
+    assert res.n_steps == 3 and res.fingerprints_agree()
