@@ -85,3 +85,25 @@ def test_torchrun_gives_the_same_run(tmp_path, small_run):
     assert res.world_size == 2 and res.fingerprints_agree()
     assert res.ranks[1].param_fingerprint == small_run.ranks[1].param_fingerprint
     assert res.test_accuracy == small_run.test_accuracy
+
+
+@pytest.mark.parametrize("text, expected", [("false", False), ("true", True), ("auto", None), ("off", False)])
+def test_cli_bind_cores_flag_accepts_auto(text, expected):
+    from ddp_helpers.train import _parser, config_from_args
+
+    assert config_from_args(_parser().parse_args(["--bind-cores", text])).bind_cores is expected
+
+
+def test_cli_plain_bool_flag_refuses_auto(capsys):
+    from ddp_helpers.train import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--telemetry", "auto"])  # telemetry has no automatic setting
+    assert "--telemetry" in capsys.readouterr().err
+
+
+def test_default_threads_follow_the_usable_cores(monkeypatch):
+    import ddp_helpers.config as C
+
+    monkeypatch.setattr(C, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
+    assert C.default_threads(2) == 3 and C.default_threads(4) == 1 and C.default_threads(8) == 1
