@@ -35,6 +35,21 @@ def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[L
     return [list(cores[r * threads:(r + 1) * threads]) for r in range(world_size)]
 
 
+def binding_plan(world_size: int, threads: int, backend: str,
+                 bind_cores: Optional[bool]) -> Optional[List[List[int]]]:
+    """The cores of each rank for these settings, None to leave the ranks unbound (the launcher's one rule).
+
+    bind_cores=None binds gloo ranks when the cores suffice, False never binds; True raises ValueError
+    (saying why) when binding is impossible.
+    """
+    plan = core_plan(world_size, threads, usable_cores()) if backend == "gloo" and bind_cores is not False else None
+    if bind_cores and plan is None:
+        raise ValueError(f"binding needs the gloo backend (not {backend!r}), 2 or more ranks, and a core of its "
+                         f"own for each of the {world_size} x {threads} rank threads "
+                         f"({len(usable_cores())} usable cores)")
+    return plan
+
+
 def bind_this_thread(cores: Sequence[int]) -> bool:
     """Pin the calling thread (and the threads and processes it starts later) to these cores; False if refused."""
     if not hasattr(os, "sched_setaffinity"):

@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from ._proc import usable_cores
+from ._proc import binding_plan, usable_cores
 
 BACKENDS = ("auto", "gloo", "nccl")
 DATASETS = ("mnist", "fashion-mnist", "mnist-5k")
@@ -198,6 +198,10 @@ def validate(cfg: TrainConfig) -> str:
     if cfg.resume_from is not None and not os.path.isfile(os.path.expanduser(str(cfg.resume_from))):
         raise _bad("resume_from", cfg.resume_from, "an existing checkpoint file (ckpt-*.pt written by a run)")
     backend = resolve_backend(cfg.backend, cfg.world_size)
+    try:
+        binding_plan(cfg.world_size, cfg.threads_per_rank or default_threads(cfg.world_size), backend, cfg.bind_cores)
+    except ValueError as e:
+        raise _bad("bind_cores", cfg.bind_cores, f"None (bind when possible) or False here: {e}") from None
     check_address(cfg.master_addr, cfg.master_port)
     if cfg.checkpoint_dir is not None:
         _check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ._proc import bind_this_thread, core_plan, die_with_parent, usable_cores
+from ._proc import bind_this_thread, binding_plan, die_with_parent
 from .config import ConfigError, check_address, default_threads, resolve_backend
 
 START_METHODS = ("spawn", "fork")
@@ -165,11 +165,11 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
         import torch._dynamo  # noqa: F401
     threads = threads_per_rank or default_threads(world_size)
-    plan = core_plan(world_size, threads, usable_cores()) if backend == "gloo" and bind_cores is not False else None
-    if bind_cores and plan is None:
-        raise LaunchError(f"launch(bind_cores=True) refused: {world_size} rank(s) x {threads} thread(s) need more "
-                          f"than one rank and at most {len(usable_cores())} usable cores (and the gloo backend); "
-                          "use bind_cores=None to bind only when possible")
+    try:
+        plan = binding_plan(world_size, threads, backend, bind_cores)
+    except ValueError as e:
+        raise LaunchError(f"launch(bind_cores=True) refused: {e}. Use bind_cores=None to bind only when possible, "
+                          "or fewer ranks or threads_per_rank") from None
     timeout = datetime.timedelta(seconds=timeout_s)
     ctx_mp = mp.get_context(start_method)
     results = ctx_mp.SimpleQueue()

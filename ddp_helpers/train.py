@@ -85,7 +85,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     import torch.distributed as dist
 
     from . import worker
-    from ._proc import bind_this_thread, core_plan, usable_cores
+    from ._proc import bind_this_thread, binding_plan
     from .config import ConfigError, default_threads, resolve_backend
     from .data import load_data
     from .model import build_model, n_params
@@ -105,12 +105,10 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     t_launch = time.monotonic()
     # env:// reads MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE that torchrun set for this process.
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    plan = None
-    if backend == "gloo" and cfg.bind_cores is not False:
-        plan = core_plan(local_world, threads, usable_cores())
-    if cfg.bind_cores and plan is None:
-        raise ConfigError(f"bind_cores=True refused: {local_world} local rank(s) x {threads} thread(s) need more than "
-                          f"one rank and at most {len(usable_cores())} usable cores (and gloo); use --bind-cores auto")
+    try:
+        plan = binding_plan(local_world, threads, backend, cfg.bind_cores)  # this node's ranks share its cores
+    except ValueError as e:
+        raise ConfigError(f"--bind-cores true refused: {e}; use --bind-cores auto") from None
     if plan is not None:  # as launch() does: after gloo's threads exist, the training thread gets its own cores
         bind_this_thread(plan[int(os.environ.get("LOCAL_RANK", rank))])
     try:

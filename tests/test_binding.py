@@ -100,3 +100,10 @@ def test_a_sandbox_that_forbids_binding_still_trains(monkeypatch):
     res = run_training(TrainConfig(dataset="mnist-5k", max_steps=3, threads_per_rank=1), progress=False,
                        start_method="fork")
     assert res.n_steps == 3 and res.fingerprints_agree()
+
+
+def test_bind_cores_true_is_refused_by_validate_naming_the_setting():
+    from ddp_helpers import ConfigError, TrainConfig, validate
+
+    with pytest.raises(ConfigError, match=r"TrainConfig\.bind_cores=True .*None \(bind when possible\) or False"):
+        validate(TrainConfig(dataset="mnist-5k", world_size=len(CORES) + 1, threads_per_rank=1, bind_cores=True))
