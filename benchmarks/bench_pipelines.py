@@ -73,10 +73,12 @@ def main() -> int:
         return 2
     print(f"machine: {machine()}")
     print(f"data: {args.dataset}, {n} training images, {args.world_size} ranks, 1 epoch, batch 64 per rank")
-    from ddp_helpers._proc import core_plan, usable_cores
-    from ddp_helpers.config import default_threads
+    from ddp_helpers._proc import binding_plan
+    from ddp_helpers.config import default_threads, resolve_backend
 
-    plan = core_plan(args.world_size, default_threads(args.world_size), usable_cores())
+    # The launcher's own rule (bind_cores=None), so the line says what the default runs really do.
+    plan = binding_plan(args.world_size, default_threads(args.world_size),
+                        resolve_backend(args.backend, args.world_size), None)
     print("core binding: " + ("none possible" if plan is None else
                               ", ".join(f"rank {r} -> cores {c}" for r, c in enumerate(plan))))
     runs = {name: [] for name in CONFIGS}
