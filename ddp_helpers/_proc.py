@@ -1,6 +1,7 @@
 """Process hygiene shared by launched ranks and their DataLoader workers: parent-death signal and core binding."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 from typing import List, Optional, Sequence
@@ -25,6 +26,77 @@ def usable_cores() -> List[int]:
     return list(range(os.cpu_count() or 1))
 
 
+def cpu_quota(cgroup_file: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/cgroup") -> Optional[float]:
+    """CPUs' worth of time this process's cgroup may use (e.g. 2.0 under `docker --cpus=2`), None if unlimited.
+
+    A quota doesn't narrow the affinity mask: a container or a JupyterHub/Binder pod limited to 2 CPUs
+    still sees every core of the host, and sizing threads by the cores seen would oversubscribe it.
+    Reads cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us, on the process's cgroup and
+    its parents (the tightest limit wins).
+    """
+    try:
+        with open(cgroup_file) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        parts = line.split(":", 2)  # hierarchy id : controllers : path
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2: one unified tree
+            limits += _walk_limits(fs_root, path, _read_cpu_max)
+        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's own tree
+            mount = os.path.join(fs_root, controllers)
+            limits += _walk_limits(mount if os.path.isdir(mount) else os.path.join(fs_root, "cpu"), path,
+                                   _read_cfs_quota)
+    return min(limits) if limits else None
+
+
+def _walk_limits(mount: str, path: str, read) -> List[float]:
+    # Inside a container the process's path may not exist under the mount (the mount is already its own cgroup):
+    # then only the mount itself is read.
+    here = os.path.join(mount, path.lstrip("/"))
+    if not os.path.isdir(here):
+        here = mount
+    found = []
+    while True:
+        limit = read(here)
+        if limit is not None:
+            found.append(limit)
+        if len(here) <= len(mount):
+            return found
+        here = os.path.dirname(here)
+
+
+def _read_cpu_max(d: str) -> Optional[float]:
+    try:
+        with open(os.path.join(d, "cpu.max")) as f:
+            quota, period = (f.read().split() + ["100000"])[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _read_cfs_quota(d: str) -> Optional[float]:
+    try:
+        with open(os.path.join(d, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(d, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_budget() -> int:
+    """Whole CPUs this process can keep busy: its usable cores, capped by its cgroup's CPU quota (at least 1)."""
+    cores = len(usable_cores())
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.floor(quota + 1e-9)))
+
+
 def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[List[List[int]]]:
     """Disjoint cores for each rank (rank r gets `threads` of them), or None when binding would not help.
 
@@ -42,11 +114,17 @@ def binding_plan(world_size: int, threads: int, backend: str,
     bind_cores=None binds gloo ranks when the cores suffice, False never binds; True raises ValueError
     (saying why) when binding is impossible.
     """
-    plan = core_plan(world_size, threads, usable_cores()) if backend == "gloo" and bind_cores is not False else None
+    cores, budget = usable_cores(), cpu_budget()
+    plan = core_plan(world_size, threads, cores[:budget]) if backend == "gloo" and bind_cores is not False else None
     if bind_cores and plan is None:
+        quota = f", {budget} of them by the CPU quota" if budget < len(cores) else ""
         raise ValueError(f"binding needs the gloo backend (not {backend!r}), 2 or more ranks, and a core of its "
                          f"own for each of the {world_size} x {threads} rank threads "
-                         f"({len(usable_cores())} usable cores)")
+                         f"({len(cores)} usable cores{quota})")
+    if bind_cores is None and budget < len(cores):
+        # Under a quota the host shares its cores with others, and which ones are free is its business:
+        # pinning the ranks to fixed cores could put them on busy ones. Bind only when asked to.
+        return None
     return plan
 
 

@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from ._proc import binding_plan, usable_cores
+from ._proc import binding_plan, cpu_budget
 
 BACKENDS = ("auto", "gloo", "nccl")
 DATASETS = ("mnist", "fashion-mnist", "mnist-5k")
@@ -221,8 +221,8 @@ def _check_writable_dir(name: str, path: str) -> None:
 
 
 def default_threads(world_size: int) -> int:
-    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores."""
-    return max(1, len(usable_cores()) // world_size)
+    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores (or the CPU quota)."""
+    return max(1, cpu_budget() // world_size)
 
 
 __all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads"]

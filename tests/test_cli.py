@@ -103,7 +103,9 @@ def test_cli_plain_bool_flag_refuses_auto(capsys):
 
 
 def test_default_threads_follow_the_usable_cores(monkeypatch):
+    import ddp_helpers._proc as P
     import ddp_helpers.config as C
 
-    monkeypatch.setattr(C, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
+    monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
+    monkeypatch.setattr(P, "cpu_quota", lambda: None)
     assert C.default_threads(2) == 3 and C.default_threads(4) == 1 and C.default_threads(8) == 1
