@@ -40,8 +40,8 @@ class TrainConfig:
     comm_hook: str = "allreduce"  # "allreduce" (exact mean) or "fp16" (compressed: half the bytes, rounded)
     telemetry: bool = True  # record per-step losses, norms, fingerprints (off = the bare loop)
     capture_grad_steps: Tuple[int, ...] = (0,)  # steps whose full local and synced gradients are kept
-    threads_per_rank: Optional[int] = None  # torch threads per CPU rank (None = cores // world_size)
-    bind_cores: Optional[bool] = None  # give each CPU rank's training thread its own cores (None = if enough)
+    threads_per_rank: Optional[int] = None  # torch threads per CPU rank (None = usable CPUs // world_size)
+    bind_cores: Optional[bool] = None  # give each CPU rank's training thread its own cores (None = if enough, no quota)
     master_addr: str = "127.0.0.1"  # where the rendezvous store listens; loopback keeps it private
     master_port: int = 0  # 0 = let the OS pick a free port at launch (no fixed-port collisions)
     timeout_s: float = 60.0  # collective timeout: a dead peer turns into an error, not a hang
