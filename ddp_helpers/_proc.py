@@ -1,4 +1,4 @@
-"""Process hygiene shared by launched ranks and their DataLoader workers: parent-death signal and core binding."""
+"""Process hygiene for launched ranks and their DataLoader workers: parent-death signal, CPU budget, core binding."""
 from __future__ import annotations
 
 import math
@@ -111,8 +111,8 @@ def binding_plan(world_size: int, threads: int, backend: str,
                  bind_cores: Optional[bool]) -> Optional[List[List[int]]]:
     """The cores of each rank for these settings, None to leave the ranks unbound (the launcher's one rule).
 
-    bind_cores=None binds gloo ranks when the cores suffice, False never binds; True raises ValueError
-    (saying why) when binding is impossible.
+    bind_cores=None binds gloo ranks when the cores suffice and no CPU quota narrows them, False never binds;
+    True raises ValueError (saying why) when binding is impossible.
     """
     cores, budget = usable_cores(), cpu_budget()
     plan = core_plan(world_size, threads, cores[:budget]) if backend == "gloo" and bind_cores is not False else None
