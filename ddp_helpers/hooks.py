@@ -1,6 +1,6 @@
 """A DDP communication hook that records each bucket's local gradient, then all-reduces it as DDP would."""
 # No "from __future__ import annotations": DDP checks the hook's annotations at runtime.
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -26,16 +26,20 @@ class GradRecorder:
         self.local_grads.clear()
         self.capture = capture
 
-    def norms(self) -> Optional[torch.Tensor]:
-        """[local, synced] gradient norms over all buckets; call after backward() (None when no all-reduce ran)."""
+    def squared_norms(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """Squared L2 norms (local, synced) of the whole gradient, as 0-d tensors; call after backward().
+
+        None when no all-reduce ran. Squared, so that the caller can fetch them with the loss in one transfer
+        and take the square roots in Python.
+        """
         if not self.local_sq:
             return None
         # Read the synchronized values here, in the training thread, rather than in the future's callback
         # (which runs on a communication thread and would have to take the GIL in the middle of backward).
         synced_sq = [b.dot(b) for b in self.buckets]
         if len(self.local_sq) == 1:  # the usual case for small models: one bucket, no extra ops
-            return torch.stack([self.local_sq[0], synced_sq[0]]).sqrt()
-        return torch.stack([torch.stack(self.local_sq).sum(), torch.stack(synced_sq).sum()]).sqrt()
+            return self.local_sq[0], synced_sq[0]
+        return torch.stack(self.local_sq).sum(), torch.stack(synced_sq).sum()
 
 
 def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

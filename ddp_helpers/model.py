@@ -1,10 +1,9 @@
 """The listing's model, built the same way on every rank."""
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
+import xxhash
 from torch import nn
 
 
@@ -20,19 +19,21 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 
 
 def fingerprint(tensors) -> int:
-    """64 bits of SHA-256 over the tensors' bytes: equal exactly when the values are bitwise equal.
+    """A 64-bit hash (XXH3) of the tensors' bytes: equal exactly when the values are bitwise equal.
 
     Accepts one tensor or an iterable of them (e.g. model.parameters()), hashed in order without copying.
     NumPy arrays are accepted too: CPU views made once (`p.detach().numpy()`) skip the per-call conversions.
     """
     if isinstance(tensors, (torch.Tensor, np.ndarray)):
         tensors = [tensors]
-    h = hashlib.sha256()  # SHA-NI makes this ~3x faster than blake2b here; collisions are out of the question
+    # XXH3, not SHA-256: it runs every step on every rank, and XXH3 is ~15x faster here. Two different
+    # parameter sets share a hash with odds of 1 in 2**64; nobody is forging parameters, so no need for crypto.
+    h = xxhash.xxh3_64()
     for t in tensors:
         if isinstance(t, torch.Tensor):
             t = t.detach().contiguous().cpu().numpy()
-        h.update(np.ascontiguousarray(t).view("u1"))
-    return int.from_bytes(h.digest()[:8], "little", signed=True)
+        h.update(np.ascontiguousarray(t))
+    return int.from_bytes(h.digest(), "little", signed=True)  # signed: it is stored in int64 telemetry
 
 
 def n_params(model: nn.Module) -> int:
