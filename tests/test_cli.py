@@ -87,6 +87,46 @@ def test_torchrun_gives_the_same_run(tmp_path, small_run):
     assert res.test_accuracy == small_run.test_accuracy
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed next to this Python")
+def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
+    """Two torchrun agents on this machine stand in for two nodes: RANK differs, LOCAL_RANK is 0 on both."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        # Each "node" binds its one rank's thread to the same core otherwise: on real nodes they differ.
+        procs.append(subprocess.Popen(
+            [torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+             "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "ddp_helpers.train",
+             "--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--bind-cores", "false",
+             "--no-plots", "--out", str(tmp_path / f"node{node}")],
+            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    assert not (tmp_path / "node1").exists()  # only global rank 0 writes, even though node 1 has a local rank 0
+    res = TrainResult.load(str(tmp_path / "node0" / "result.json"))
+    assert res.world_size == 2 and res.fingerprints_agree()
+    for mine, spawned in zip(res.ranks, small_run.ranks):
+        assert np.array_equal(mine.sample_indices, spawned.sample_indices)  # shards follow RANK, not LOCAL_RANK
+        assert mine.param_fingerprint == spawned.param_fingerprint
+    assert res.test_accuracy == small_run.test_accuracy
+
+
 @pytest.mark.parametrize("text, expected", [("false", False), ("true", True), ("auto", None), ("off", False)])
 def test_cli_bind_cores_flag_accepts_auto(text, expected):
     from ddp_helpers.train import _parser, config_from_args
