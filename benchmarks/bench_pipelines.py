@@ -13,6 +13,7 @@ and each seed variant --seed-repeats times spread over the session, all interlea
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -98,20 +99,22 @@ def main() -> int:
             tail = sum(max(0.0, float(t) - step_ms / 1e3) for t in r.ranks[0].step_time_s)
             runs[name].append(dict(wall=r.wall_time_s, call=call, startup=r.startup_s, loop=r.loop_time_s,
                                    steps=r.n_steps, step_ms=step_ms, mem=sum(r.peak_rss_mb) + r.parent_rss_mb,
-                                   rank_mem=max(r.peak_rss_mb), acc=r.test_accuracy, tail=tail))
+                                   rank_mem=max(r.peak_rss_mb), acc=r.test_accuracy, tail=tail,
+                                   gpu_mem=max((m for m in r.peak_cuda_mb if math.isfinite(m)), default=float("nan"))))
             print(f"  run {rep + 1}: {name:28s} wall {r.wall_time_s:6.2f} s  start-up {r.startup_s:5.2f} s  "
                   f"loop {r.loop_time_s:6.3f} s  ({r.n_steps} steps/rank)", flush=True)
 
     med = {name: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for name, rs in runs.items()}
     tel, bare, unbound = (med[k] for k in CONFIGS if k not in SEEDS)
     seed = min((med[k] for k in SEEDS), key=lambda m: m["loop"])  # the listing at its best
+    on_gpu = any(math.isfinite(m["gpu_mem"]) for m in med.values())  # nccl ranks report their GPU's peak
     rows = []
     for name, m in med.items():
         rows.append((name, f"{m['wall']:.2f}", f"{m['startup']:.2f}", f"{m['loop']:.3f}", f"{m['steps']:.0f}",
                      f"{m['steps'] / m['loop']:.0f}", f"{m['step_ms']:.2f}", f"{m['mem']:.0f} ({m['rank_mem']:.0f})",
-                     f"{m['acc']:.4f}"))
+                     f"{m['acc']:.4f}") + ((f"{m['gpu_mem']:.0f}",) if on_gpu else ()))
     head = ("configuration", "wall s", "start-up s", "loop s", "steps/rank", "steps/s", "median step ms",
-            "peak RSS MB all (max rank)", "test acc")
+            "peak RSS MB all (max rank)", "test acc") + (("peak GPU MB (max rank)",) if on_gpu else ())
     if args.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))

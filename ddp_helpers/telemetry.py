@@ -110,6 +110,7 @@ class TrainResult:
     parent_rss_mb: float
     bytes_allreduced: List[float]  # per rank, gradient bytes handed to all-reduce
     allreduce_calls: List[int]  # per rank, communication-hook calls (one per bucket per synchronized backward)
+    peak_cuda_mb: List[float] = field(default_factory=list)  # per rank, peak GPU memory allocated (NaN on CPU)
     captured_grads: Dict[int, Dict[str, np.ndarray]] = field(default_factory=dict)  # step -> local/synced (W, P)
     final_params: Optional[np.ndarray] = None  # rank 0's flattened parameters at the end
     notes: List[str] = field(default_factory=list)
@@ -175,7 +176,7 @@ class TrainResult:
             "test_accuracy": self.test_accuracy, "wall_time_s": self.wall_time_s, "startup_s": self.startup_s,
             "loop_time_s": self.loop_time_s, "peak_rss_mb": self.peak_rss_mb, "parent_rss_mb": self.parent_rss_mb,
             "bytes_allreduced": self.bytes_allreduced, "allreduce_calls": self.allreduce_calls,
-            "notes": self.notes, "complete": self.complete,
+            "peak_cuda_mb": self.peak_cuda_mb, "notes": self.notes, "complete": self.complete,
             "final_params": None if self.final_params is None else _enc(self.final_params),
             "captured_grads": {str(k): {n: _enc(a) for n, a in v.items()} for k, v in self.captured_grads.items()},
             "ranks": [{
@@ -209,6 +210,7 @@ class TrainResult:
             startup_s=_num(d["startup_s"]), loop_time_s=_num(d["loop_time_s"]),
             peak_rss_mb=[_num(x) for x in d["peak_rss_mb"]], parent_rss_mb=_num(d["parent_rss_mb"]),
             bytes_allreduced=[_num(x) for x in d["bytes_allreduced"]], allreduce_calls=d["allreduce_calls"],
+            peak_cuda_mb=[_num(x) for x in d.get("peak_cuda_mb", [])],  # absent in files from older versions
             captured_grads={int(k): {n: _dec(a) for n, a in v.items()} for k, v in d["captured_grads"].items()},
             final_params=None if d["final_params"] is None else _dec(d["final_params"]),
             notes=d.get("notes", []), complete=d.get("complete", True),
@@ -273,5 +275,6 @@ def collect_result(buffers: TelemetryBuffers, config: dict, backend: str, datase
         wall_time_s=t_done - t_launch, startup_s=startup, loop_time_s=loop,
         peak_rss_mb=per_rank(R_RSS, 1 / 2**20), parent_rss_mb=parent_rss_mb,
         bytes_allreduced=per_rank(R_BYTES), allreduce_calls=[int(x) if math.isfinite(x) else 0 for x in info[:, R_ALLREDUCES]],
+        peak_cuda_mb=per_rank(R_CUDA, 1 / 2**20),
         captured_grads=captured, final_params=final_params, complete=complete,
     )

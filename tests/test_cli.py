@@ -27,6 +27,8 @@ def test_save_load_round_trip(small_run, tmp_path):
             assert np.array_equal(getattr(a, field), getattr(b, field)), field
         assert a.param_fingerprint == b.param_fingerprint and a.samples_hash == b.samples_hash
     assert np.array_equal(back.final_params, small_run.final_params)
+    assert len(back.peak_cuda_mb) == 2 and all(np.isnan(back.peak_cuda_mb))  # gloo on CPU: no GPU memory, saved as null
+    assert back.peak_rss_mb == small_run.peak_rss_mb and back.bytes_allreduced == small_run.bytes_allreduced
     assert sorted(back.captured_grads) == sorted(small_run.captured_grads)
     assert np.array_equal(back.captured_grads[3]["local"], small_run.captured_grads[3]["local"])
     assert back.records()[5] == small_run.records()[5]

@@ -17,6 +17,7 @@ def test_auto_backend_uses_nccl_on_gpus():
     res = run_training(TrainConfig(dataset="mnist-5k", world_size=world, max_steps=8), progress=False)
     assert res.backend == "nccl"
     assert res.fingerprints_agree() and res.synced_norms_agree()
+    assert len(res.peak_cuda_mb) == world and all(m > 0 for m in res.peak_cuda_mb)  # each rank's own GPU
     ref = train_single_process(TrainConfig(dataset="mnist-5k", world_size=world, max_steps=8))
     assert np.allclose(res.final_params, ref.final_params, rtol=1e-4, atol=1e-5)
 
