@@ -165,12 +165,15 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
-def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_addr",
-                  port_setting: str = "TrainConfig.master_port") -> None:
-    """Reject a host that doesn't resolve, or an explicit port already in use (named as the caller spells them)."""
+def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_addr={}",
+                  port_setting: str = "TrainConfig.master_port={}") -> None:
+    """Reject a host that doesn't resolve, or an explicit port already in use (named as the caller spells them).
+
+    The settings are templates with {} where the value goes, e.g. "launch(port={})".
+    """
 
     def bad(setting: str, value: Any, accepted: str) -> ConfigError:
-        return ConfigError(f"{setting}={value!r} is not accepted: {accepted}")
+        return ConfigError(f"{setting.format(repr(value))} is not accepted: {accepted}")
 
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET)
@@ -179,14 +182,14 @@ def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_
     addr = infos[0][4][0]
     if port == 0:
         return
-    short = port_setting.rsplit(".", 1)[-1]
+    fix = port_setting.rsplit(".", 1)[-1].format(0)  # "master_port=0" or "launch(port=0)"
     if port < 1024 and os.geteuid() != 0:
-        raise bad(port_setting, port, f"a port >= 1024 (lower ones need root), or {short}=0 for a free one")
+        raise bad(port_setting, port, f"a port >= 1024 (lower ones need root), or {fix} for a free one")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((addr, port))
         except OSError as e:
-            raise bad(port_setting, port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use {short}=0 "
+            raise bad(port_setting, port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use {fix} "
                                           "to let the OS choose one") from None
 
 

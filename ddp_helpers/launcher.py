@@ -144,7 +144,7 @@ def check_launch(world_size: int, backend: str, start_method: str, host: str, po
             raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
                               "forked child can't use it. Restart the kernel and launch before touching CUDA, or use "
                               "start_method='spawn' with a function from an importable module")
-    check_address(host, port, host_setting="launch(host=...)", port_setting="launch(port=...)")
+    check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
     return backend
 
 

@@ -412,8 +412,20 @@ def test_uneven_data_never_hangs_three_ranks():
 
 
 def test_launch_names_its_own_argument_for_a_taken_port():
-    with pytest.raises(ConfigError, match=r"launch\(port=\.\.\.\)=\d+ is not accepted: a free port"):
+    with pytest.raises(ConfigError, match=rf"launch\(port={TAKEN_PORT}\) is not accepted: a free port") as e:
         launch(_hello, 2, start_method="fork", port=TAKEN_PORT)
+    assert "Use launch(port=0) to let the OS choose one" in str(e.value)  # the fix, spelled as the caller writes it
+
+
+def test_taken_master_port_names_the_field_and_the_fix():
+    with pytest.raises(ConfigError, match=rf"TrainConfig.master_port={TAKEN_PORT} is not accepted") as e:
+        run_training(SMALL.replace(master_port=TAKEN_PORT), progress=False)
+    assert "Use master_port=0 to let the OS choose one" in str(e.value)
+
+
+def test_launch_names_its_host_argument():
+    with pytest.raises(ConfigError, match=r"launch\(host='no-such-host.invalid'\) is not accepted: a resolvable host"):
+        launch(_hello, 2, start_method="fork", host="no-such-host.invalid")
 
 
 def test_resume_with_a_different_learning_rate_is_refused(tmp_path):
