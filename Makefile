@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions bench faults lab clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions bench faults lab notebooks clean
 
 env: $(STAMP)
 
@@ -45,6 +45,10 @@ bench: env
 
 faults: env
 	$(PY) benchmarks/fault_detection.py
+
+# Maintainers: re-execute every notebook in place after changing the engine or a notebook (then commit them).
+notebooks: env
+	$(PY) tools/execute_notebooks.py
 
 lab: env
 	$(VENV)/bin/jupyter lab notebooks/
