@@ -129,6 +129,18 @@ def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
         p.join()
 
 
+def _check_spawnable_main() -> None:
+    """spawn starts each rank by re-importing the main program: refuse one that has no file to re-import."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return  # python -m package.module: re-imported by name
+    path = getattr(main, "__file__", None)  # None in Jupyter, the REPL and python -c: nothing is re-imported
+    if path is not None and not os.path.isfile(path):
+        raise LaunchError(f"start_method='spawn' can't start ranks from a program read from {path}: each rank "
+                          "re-imports the main program from its file. Save the code to a file and run that, or use "
+                          "start_method='fork'")
+
+
 def check_launch(world_size: int, backend: str, start_method: str, host: str, port: int) -> str:
     """Everything that can be refused before a process starts; returns the resolved backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -144,6 +156,8 @@ def check_launch(world_size: int, backend: str, start_method: str, host: str, po
             raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
                               "forked child can't use it. Restart the kernel and launch before touching CUDA, or use "
                               "start_method='spawn' with a function from an importable module")
+    if start_method == "spawn":
+        _check_spawnable_main()
     check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
     return backend
 
@@ -270,5 +284,12 @@ def _failure(codes: Sequence[Optional[int]], errors: dict, done: set, log_dir: s
             err.__cause__ = original
         return err
     r = min(r for r, c in enumerate(codes) if c is not None and r not in done)
+    if not os.path.exists(os.path.join(log_dir, f"rank{r}.log")):
+        # The log is the first thing a rank opens: this one died while Python was still starting it.
+        return RankFailedError(r, f"process exited with code {codes[r]} before it reached the training function. "
+                                  "With start_method='spawn' each rank first re-imports the main script; a script "
+                                  "that starts training at import time, or fails to import, ends the rank there "
+                                  "(its error is printed above). Put the launch under "
+                                  "`if __name__ == \"__main__\":`, or use start_method='fork'", others=others)
     return RankFailedError(r, f"process exited with code {codes[r]} without reporting",
                            log_tail=_log_tail(log_dir, r), others=others)

@@ -158,6 +158,38 @@ def test_fork_refused_when_cuda_is_initialized(monkeypatch):
         launch(_hello, 2, start_method="fork")
 
 
+def test_spawn_from_a_program_on_stdin_is_refused_before_anything_starts(tmp_path):
+    """`python - <<EOF`: spawn can't re-import a main program that has no file; say so instead of a dead rank."""
+    code = textwrap.dedent("""
+        import ddp_helpers.runner as R
+        from ddp_helpers import TrainConfig, run_training
+        real_load = R.load_data
+        R.load_data = lambda *a, **k: print("data loaded") or real_load(*a, **k)
+        try:
+            run_training(TrainConfig(dataset="mnist-5k", max_steps=2), progress=False)
+        except Exception as e:
+            print(type(e).__name__, e)
+    """)
+    p = subprocess.run([sys.executable, "-"], input=code, cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=120)
+    assert p.stdout.startswith("LaunchError"), p.stdout + p.stderr
+    assert "read from <stdin>" in p.stdout and "start_method='fork'" in p.stdout
+    assert "data loaded" not in p.stdout  # refused before the data set is loaded, not after a failed launch
+
+
+def test_a_script_without_main_guard_gets_the_idiom_in_the_error(tmp_path):
+    """Under spawn each rank re-imports the script; unguarded, it tries to launch again and dies before training."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from ddp_helpers import run_training, TrainConfig\n"
+                      "run_training(TrainConfig(dataset='mnist-5k', max_steps=2, threads_per_rank=1), progress=False)\n")
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "RankFailedError" in last and "before it reached the training function" in last, p.stderr[-3000:]
+    assert 'if __name__ == "__main__":' in last
+
+
 def test_unknown_start_method_refused():
     with pytest.raises(ConfigError, match="start_method"):
         launch(_hello, 2, start_method="threads")
