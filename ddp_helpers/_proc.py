@@ -117,10 +117,16 @@ def binding_plan(world_size: int, threads: int, backend: str,
     cores, budget = usable_cores(), cpu_budget()
     plan = core_plan(world_size, threads, cores[:budget]) if backend == "gloo" and bind_cores is not False else None
     if bind_cores and plan is None:
-        quota = f", {budget} of them by the CPU quota" if budget < len(cores) else ""
-        raise ValueError(f"binding needs the gloo backend (not {backend!r}), 2 or more ranks, and a core of its "
-                         f"own for each of the {world_size} x {threads} rank threads "
-                         f"({len(cores)} usable cores{quota})")
+        # Name only the condition that fails: a list of every rule reads as if all of them were broken.
+        if backend != "gloo":
+            why = f"binding is for CPU ranks (gloo); backend {backend!r} runs each rank on its own GPU"
+        elif world_size < 2:
+            why = "binding separates ranks from each other, and there is only 1 rank"
+        else:
+            quota = f", {budget} of them allowed by the CPU quota" if budget < len(cores) else ""
+            why = (f"{world_size} ranks x {threads} thread{'s' * (threads != 1)} need {world_size * threads} cores "
+                   f"of their own, and there are {len(cores)} usable cores{quota}")
+        raise ValueError(why)
     if bind_cores is None and budget < len(cores):
         # Under a quota the host shares its cores with others, and which ones are free is its business:
         # pinning the ranks to fixed cores could put them on busy ones. Bind only when asked to.

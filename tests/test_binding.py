@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ddp_helpers import LaunchError, launch
+import ddp_helpers._proc as P
 from ddp_helpers._proc import core_plan, usable_cores
 from ddp_helpers.worker import _loader_worker_init
 
@@ -62,6 +63,20 @@ def test_bind_cores_false_leaves_ranks_free():
 def test_bind_cores_true_is_refused_before_launch_when_cores_are_short():
     with pytest.raises(LaunchError, match="bind_cores"):
         launch(_affinities, len(CORES) + 1, start_method="fork", threads_per_rank=1, bind_cores=True)
+
+
+@pytest.mark.parametrize("world, threads, backend, reason", [
+    (2, 1, "nccl", "binding is for CPU ranks (gloo); backend 'nccl' runs each rank on its own GPU"),
+    (1, 1, "gloo", "there is only 1 rank"),
+    (2, 3, "gloo", "2 ranks x 3 threads need 6 cores of their own, and there are 4 usable cores"),
+])
+def test_refused_binding_names_only_the_rule_that_fails(monkeypatch, world, threads, backend, reason):
+    monkeypatch.setattr(P, "usable_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(P, "cpu_quota", lambda: None)
+    with pytest.raises(ValueError) as e:
+        P.binding_plan(world, threads, backend, True)
+    assert reason in str(e.value)
+    assert str(e.value).count(";") <= 1 and "(not 'gloo')" not in str(e.value)
 
 
 class _AffinityDataset(torch.utils.data.Dataset):

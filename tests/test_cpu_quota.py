@@ -87,7 +87,8 @@ def test_quota_turns_automatic_binding_off(sixteen_cores_two_cpus):
 
 
 def test_forced_binding_beyond_the_quota_is_refused_naming_it(sixteen_cores_two_cpus):
-    with pytest.raises(ValueError, match="2 of them by the CPU quota"):
+    with pytest.raises(ValueError, match="4 ranks x 1 thread need 4 cores of their own, and there are 16 usable "
+                                         "cores, 2 of them allowed by the CPU quota"):
         P.binding_plan(4, 1, "gloo", True)
 
 
