@@ -56,6 +56,7 @@ def machine() -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (60k) | mnist | mnist-5k")
+    p.add_argument("--data-root", default=None, help="where the data set is (default: TrainConfig's data_root)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="runs per configuration (median reported)")
     p.add_argument("--seed-repeats", type=int, default=2,
@@ -65,6 +66,8 @@ def main() -> int:
     args = p.parse_args()
 
     base = TrainConfig(dataset=args.dataset, world_size=args.world_size, backend=args.backend, epochs=1)
+    if args.data_root:
+        base = base.replace(data_root=args.data_root)
     try:
         from ddp_helpers import load_data
 
