@@ -165,6 +165,13 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free on host right now (another program may still take it before it is used)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_addr={}",
                   port_setting: str = "TrainConfig.master_port={}") -> None:
     """Reject a host that doesn't resolve, or an explicit port already in use (named as the caller spells them).

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ._proc import die_with_parent
-from .config import ConfigError
+from .config import ConfigError, free_port
 from .launcher import LaunchError, RankFailedError, launch, stop_processes
 from .model import build_model
 
@@ -261,12 +261,6 @@ def _swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- 1. init_process_group
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _loopback(host: Optional[str]) -> bool:
     if not host:
         return False
@@ -419,7 +413,7 @@ def check_init_group(student_fn: Callable) -> str:
     """Exercise 1: init_group(rank, world_size, port) must join a gloo process group that meets on `port`."""
     world_size = 2
     for _attempt in range(3):  # the free port we picked can be taken by another program before rank 0 binds it
-        outs = _run_without_group(_init_harness, world_size, (student_fn, _free_port()))
+        outs = _run_without_group(_init_harness, world_size, (student_fn, free_port()))
         if not _port_taken(outs):
             break
     reported = [o for o in outs if o is not None]

@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+
+from ddp_helpers.config import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "07_control_panel.ipynb"
@@ -54,12 +55,6 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
                                                              ".ci/install_browser.sh)")
 pytest.importorskip("jupyterlab")
 pytest.importorskip("ipywidgets")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 5.0):
@@ -96,7 +91,7 @@ def jupyterlab(tmp: Path) -> Iterator[str]:
         f = settings / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), IPYTHONDIR=str(tmp / "ipython"))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ddp_helpers import TrainResult
+from ddp_helpers.config import free_port
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 
@@ -89,20 +90,12 @@ def test_torchrun_gives_the_same_run(tmp_path, small_run):
     assert res.test_accuracy == small_run.test_accuracy
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this Python")
 def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
     """Two torchrun agents on this machine stand in for two nodes: RANK differs, LOCAL_RANK is 0 on both."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    port = _free_port()
+    port = free_port()
     procs = []
     for node in (0, 1):
         # Each "node" binds its one rank's thread to the same core otherwise: on real nodes they differ.

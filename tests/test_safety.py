@@ -17,16 +17,11 @@ import torch
 
 from ddp_helpers import ConfigError, LaunchError, RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers import launcher as L
+from ddp_helpers.config import free_port
 from ddp_helpers.worker import InjectedFault
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_is_free(port: int) -> bool:
@@ -202,7 +197,7 @@ def _hello(rank, world_size):
 # ------------------------------------------------------------------------------------------ 2./3. failures
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 def test_rank_that_raises_ends_the_job_with_its_error(start_method):
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     with pytest.raises(RankFailedError) as e:
         run_training(SMALL.replace(fault_rank=1, fault_step=5, master_port=port), progress=False,
