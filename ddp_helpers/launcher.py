@@ -129,8 +129,20 @@ def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
         p.join()
 
 
-def _check_spawnable_main() -> None:
-    """spawn starts each rank by re-importing the main program: refuse one that has no file to re-import."""
+def check_start_method(start_method: str) -> None:
+    """Refuse a start method that can't work in this process (fork after CUDA, spawn of a script with no file)."""
+    if start_method not in START_METHODS:
+        raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
+    if start_method == "fork":
+        if sys.platform == "win32":
+            raise LaunchError("start_method='fork' is not available on Windows; use start_method='spawn' with a "
+                              "function defined in an importable module")
+        if torch.cuda.is_initialized():
+            raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
+                              "forked child can't use it. Restart the kernel and launch before touching CUDA, or use "
+                              "start_method='spawn' with a function from an importable module")
+        return
+    # spawn starts each rank by re-importing the main program: refuse one that has no file to re-import.
     main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None) is not None:
         return  # python -m package.module: re-imported by name
@@ -145,19 +157,8 @@ def check_launch(world_size: int, backend: str, start_method: str, host: str, po
     """Everything that can be refused before a process starts; returns the resolved backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
-    if start_method not in START_METHODS:
-        raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
+    check_start_method(start_method)
     backend = resolve_backend(backend, world_size)
-    if start_method == "fork":
-        if sys.platform == "win32":
-            raise LaunchError("start_method='fork' is not available on Windows; use start_method='spawn' with a "
-                              "function defined in an importable module")
-        if torch.cuda.is_initialized():
-            raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
-                              "forked child can't use it. Restart the kernel and launch before touching CUDA, or use "
-                              "start_method='spawn' with a function from an importable module")
-    if start_method == "spawn":
-        _check_spawnable_main()
     check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
     return backend
 

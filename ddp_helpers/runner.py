@@ -11,7 +11,7 @@ from . import worker
 from .checkpoint import load_checkpoint
 from .config import ConfigError, TrainConfig, default_threads, validate
 from .data import load_data
-from .launcher import RankFailedError, check_launch, launch
+from .launcher import RankFailedError, check_start_method, launch
 from .model import build_model, n_params
 from .telemetry import TelemetryBuffers, TrainResult, collect_result
 
@@ -78,7 +78,7 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     """
     cfg = (cfg or TrainConfig()).replace(**overrides) if overrides else (cfg or TrainConfig())
     backend = validate(cfg)
-    check_launch(cfg.world_size, backend, start_method, cfg.master_addr, cfg.master_port)  # before the data loads
+    check_start_method(start_method)  # before the data loads (validate has checked the rest)
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
     start_step = _resume_step(cfg)
     per_epoch, first, end = worker.plan_steps(cfg, len(data.train_labels), cfg.world_size, start_step)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-from typing import List
+from typing import List, Optional
 
 import nbformat
 from nbclient import NotebookClient
@@ -46,7 +46,7 @@ def execute(path: pathlib.Path, timeout_s: int) -> None:
     nbformat.write(nb, path)
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="*", type=pathlib.Path, help="default: every notebook under notebooks/")
     p.add_argument("--timeout", type=int, default=900, help="seconds one cell may run")
