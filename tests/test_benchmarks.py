@@ -1,0 +1,29 @@
+"""The benchmark scripts still run and print what the README quotes (figures are checked by people, not here)."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_allreduce_latency_prints_one_row_per_collective():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "allreduce_latency.py"), "--iters", "5",
+                          "--rounds", "1", "--markdown"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if re.match(r"\| all-(reduce|gather) \d", line)]
+    labels = [r.split("|")[1].strip() for r in rows]
+    assert labels == ["all-reduce 1", "all-reduce 2", "all-reduce 4", "all-reduce 64", "all-reduce 1024",
+                      "all-reduce 7850", "all-reduce 32768", "all-gather 7850"], out.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[1].replace(",", "")) == int(cells[0].split()[1]) * 4  # bytes of float32
+        median, mean, p90 = (float(c) for c in cells[2:5])
+        assert 0 < median <= p90 and mean > 0
+        assert re.fullmatch(r"\d+%", cells[5])
+
+
+def test_allreduce_latency_refuses_bad_counts():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "allreduce_latency.py"), "--iters", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "--iters and --rounds must be at least 1" in out.stderr
