@@ -75,7 +75,7 @@ def main() -> int:
     if args.iters < 1 or args.rounds < 1:
         p.error("--iters and --rounds must be at least 1")
 
-    from bench_pipelines import machine  # same machine line as the pipeline benchmark
+    from bench_pipelines import machine, print_table  # the pipeline benchmark's machine line and tables
 
     print(f"machine: {machine()}")
     print(f"gloo, {args.world_size} ranks, {args.iters} timed calls per size and round, {args.rounds} rounds; "
@@ -93,15 +93,7 @@ def main() -> int:
         rows.append((label, f"{nbytes:,}", span("median"), span("mean"), span("p90"),
                      " / ".join(f"{100 * s['slow']:.0f}%" for s in stats)))
     head = ("collective (float32 elements)", "bytes", "median us", "mean us", "p90 us", "calls > 2 ms")
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-        for row in [head] + rows:
-            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    print_table(head, rows, args.markdown)
     if args.rounds > 1:
         print("(a / b: the value in each round)")
     return 0

@@ -19,6 +19,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -51,6 +52,19 @@ def machine() -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {gpu}; Python {platform.python_version()}, "
             f"torch {torch.__version__}")
+
+
+def print_table(head: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool) -> None:
+    """Print rows under head: as a Markdown table (for the README) or as aligned columns."""
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+        for row in (head, *rows):
+            print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
 
 
 def main() -> int:
@@ -118,15 +132,7 @@ def main() -> int:
                      f"{m['acc']:.4f}") + ((f"{m['gpu_mem']:.0f}",) if on_gpu else ()))
     head = ("configuration", "wall s", "start-up s", "loop s", "steps/rank", "steps/s", "median step ms",
             "peak RSS MB all (max rank)", "test acc") + (("peak GPU MB (max rank)",) if on_gpu else ())
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-        for row in (head, *rows):
-            print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+    print_table(head, rows, args.markdown)
     overhead = (tel["loop"] - bare["loop"]) / bare["loop"]
     print()
     print(f"default end to end vs seed:   {seed['wall'] / tel['wall']:.1f}x faster   (target >= 4x)")
