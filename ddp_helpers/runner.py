@@ -100,6 +100,9 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     try:
         # The seed pipeline passes no data: its ranks load their own copies, as the listing's do.
         shared = None if cfg.pipeline == "seed" else data
+        if shared is not None:
+            # Normalize once here (cached with the data); the ranks map these pages instead of each making a copy.
+            shared.train_normalized()
         outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, buffers), backend=backend,
                          host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s, threads_per_rank=threads,
                          on_poll=bar, start_method=start_method, bind_cores=cfg.bind_cores)

@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ._proc import die_with_parent, unbind_this_process
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import DataSplits, load_data, SeedListingDataset, normalize, shard_indices, steps_per_epoch
+from .data import (DataSplits, load_data, map_pages, normalize, SeedListingDataset, shard_indices,
+                   steps_per_epoch)
 from .hooks import GradRecorder, recording_allreduce_hook
 from .model import build_model, fingerprint, flat_params
 from .telemetry import (F_LOCAL, F_LOSS, F_START, F_SYNCED, F_TIME, I_FPRINT, I_SAMPLES, I_STEP, R_ALLREDUCES,
@@ -147,6 +148,9 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
         # Decoded and normalized once in the parent; on a GPU copied once, so a batch is a single gather.
         images = data.train_normalized().to(device)
         labels = data.train_labels.to(device)
+        if device.type == "cpu":  # the parent's shared pages: map them now, not at the loop's first gathers
+            map_pages(images)
+            map_pages(labels)
 
     def epoch_batches(epoch: int) -> Iterator[Batch]:
         if cfg.pipeline == "seed":

@@ -154,3 +154,46 @@ def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
 def test_steps_per_epoch_seed_vs_default():
     assert D.steps_per_epoch(60000, 2, 64, "default") == 469
     assert D.steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
+
+
+def test_ranks_receive_the_parents_normalized_images(small_run, small_cfg):
+    # run_training normalizes once in the parent; the ranks map that shared tensor instead of each making a copy.
+    d = D.load_data(small_cfg, quiet=True)
+    assert d._train_float is not None and d._train_float.is_shared()
+    assert torch.equal(d._train_float, normalize(d.train_images))
+
+
+def _gather_faults(t: torch.Tensor, premap: bool, q) -> None:
+    import resource
+
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it would hang)
+    if premap:
+        D.map_pages(t)
+    idx = torch.randperm(len(t), generator=torch.Generator().manual_seed(0))
+    out = torch.empty(64, *t.shape[1:]).fill_(0)  # preallocated and touched: only reads of t can fault below
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for s in range(0, len(t) - 63, 64):  # full batches only: out keeps its shape
+        torch.index_select(t, 0, idx[s:s + 64], out=out)
+    q.put(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+
+def test_map_pages_takes_the_page_faults_out_of_the_loop():
+    import multiprocessing as mp
+
+    t = torch.randn(24_000, 28, 28).share_memory_()  # 75 MB, shared as the ranks receive the images
+    expected = t.clone()
+    ctx = mp.get_context("fork")  # a forked child starts without page-table entries for shared mappings
+    faults = {}
+    for premap in (False, True):
+        q = ctx.SimpleQueue()
+        p = ctx.Process(target=_gather_faults, args=(t, premap, q))
+        p.start()
+        p.join(timeout=60)  # the result is one small int: the child's put never blocks on the pipe
+        if p.exitcode != 0:
+            p.kill()
+            pytest.fail(f"the measuring child ended with exit code {p.exitcode}")
+        faults[premap] = q.get()
+    if faults[False] < 100:
+        pytest.skip(f"this kernel maps shared memory without per-page faults ({faults[False]} faults): nothing to show")
+    assert faults[True] < faults[False] / 3, faults
+    assert torch.equal(t, expected)  # map_pages only reads
