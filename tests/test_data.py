@@ -156,8 +156,13 @@ def test_steps_per_epoch_seed_vs_default():
     assert D.steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
 
 
-def test_ranks_receive_the_parents_normalized_images(small_run, small_cfg):
+def test_ranks_receive_the_parents_normalized_images(small_cfg):
     # run_training normalizes once in the parent; the ranks map that shared tensor instead of each making a copy.
+    from ddp_helpers import run_training
+
+    D._load_cached.cache_clear()  # a fresh load, as in a new notebook: nothing normalized yet
+    assert D.load_data(small_cfg, quiet=True)._train_float is None
+    run_training(small_cfg.replace(max_steps=1, capture_grad_steps=()), progress=False, start_method="fork")
     d = D.load_data(small_cfg, quiet=True)
     assert d._train_float is not None and d._train_float.is_shared()
     assert torch.equal(d._train_float, normalize(d.train_images))
