@@ -27,3 +27,22 @@ def test_allreduce_latency_refuses_bad_counts():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "allreduce_latency.py"), "--iters", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "--iters and --rounds must be at least 1" in out.stderr
+
+
+def test_bench_pipelines_prints_every_configuration_and_the_targets():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_pipelines.py"), "--dataset", "mnist-5k",
+                          "--repeats", "1", "--seed-repeats", "1", "--markdown"],
+                         capture_output=True, text=True, timeout=270, cwd=ROOT)  # under pytest-timeout's 300 s
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in out.stdout.splitlines()
+                              if line.startswith("| seed") or line.startswith("| default"))}
+    assert set(rows) == {"seed pipeline (Listing 7.2)", "seed pipeline, cores bound", "default, full telemetry",
+                         "default, bare loop", "default, full telemetry, no binding"}, out.stdout
+    for name, c in rows.items():
+        wall, startup, loop = float(c[1]), float(c[2]), float(c[3])
+        assert 0 < startup < wall and 0 < loop < wall, c
+        # mnist-5k: 4,000 training images; no sampler in the seed pipeline, so each rank walks all of them
+        assert int(c[4]) == (63 if name.startswith("seed") else 32), c
+        assert float(c[8]) > 0  # memory the run added: the ranks' own memory at least
+    for target in ("default end to end vs seed:", "default loop vs seed loop:", "telemetry overhead:"):
+        assert target in out.stdout
