@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce faults lab notebooks clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-threads faults lab notebooks clean
 
 env: $(STAMP)
 
@@ -45,6 +45,9 @@ bench: env
 
 bench-allreduce: env
 	$(PY) benchmarks/allreduce_latency.py --markdown
+
+bench-threads: env
+	$(PY) benchmarks/thread_times.py --markdown
 
 faults: env
 	$(PY) benchmarks/fault_detection.py

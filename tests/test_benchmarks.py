@@ -4,6 +4,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+from ddp_helpers.data import DEBIAN_FASHION_DIR
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -46,3 +50,28 @@ def test_bench_pipelines_prints_every_configuration_and_the_targets():
         assert float(c[8]) > 0  # memory the run added: the ranks' own memory at least
     for target in ("default end to end vs seed:", "default loop vs seed loop:", "telemetry overhead:"):
         assert target in out.stdout
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
+                    reason="no per-thread scheduler statistics in this kernel")
+@pytest.mark.skipif(not os.path.isdir(DEBIAN_FASHION_DIR), reason="Debian's dataset-fashion-mnist not installed")
+def test_thread_times_accounts_for_each_kind_of_thread():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "1",
+                          "--markdown"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {c[0]: c[1:] for c in ([x.strip() for x in line.strip("|").split("|")] for line in out.stdout.splitlines()
+                                  if line.startswith("| training") or line.startswith("| gloo"))}
+    assert {"training thread", "gloo collective workers", "gloo tcp_loop"} <= set(rows), out.stdout
+    step_us = float(re.search(r"a step took (\d+) us", out.stdout).group(1))
+    on_cpu = {k: float(v[0]) for k, v in rows.items()}
+    # The training thread computes every step; all threads of a rank together can't use more than the 2 ranks'
+    # share of the cores in a step, and each all-reduce wakes gloo's threads at least once.
+    assert 0 < on_cpu["training thread"] < step_us * (os.cpu_count() or 1)
+    assert sum(on_cpu.values()) * 2 <= step_us * (os.cpu_count() or 1) * 1.1
+    assert float(rows["gloo collective workers"][2]) >= 1 and float(rows["gloo tcp_loop"][2]) >= 1
+
+
+def test_thread_times_refuses_bad_counts():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "--runs must be at least 1" in out.stderr
