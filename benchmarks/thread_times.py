@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ddp_helpers import TrainConfig, load_data, run_training  # noqa: E402
 from ddp_helpers.data import DataError  # noqa: E402
+from bench_pipelines import print_table  # noqa: E402  (this folder is on sys.path: the script's own)
 
 Snapshot = Dict[Tuple[int, int], Tuple[str, int, int, int]]  # (pid, tid) -> (kind, run ns, wait ns, slices)
 
@@ -138,15 +139,7 @@ def main() -> int:
         vs = rows[k]
         table.append((k, f"{statistics.median(v[0] for v in vs):.0f}", f"{statistics.median(v[1] for v in vs):.0f}",
                       f"{statistics.median(v[2] for v in vs):.1f}"))
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in table:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(x) for x in col) for col in zip(head, *table)]
-        for row in (head, *table):
-            print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
+    print_table(head, table, args.markdown)
     print(f"medians of {args.runs} runs; a step took {med_step_us:.0f} us (median loop / steps), "
           f"on {os.cpu_count()} cores shared by {cfg.world_size} ranks")
     return 0
