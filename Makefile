@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-threads faults lab notebooks clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-threads bench-warmth faults lab notebooks clean
 
 env: $(STAMP)
 
@@ -48,6 +48,9 @@ bench-allreduce: env
 
 bench-threads: env
 	$(PY) benchmarks/thread_times.py --markdown
+
+bench-warmth: env
+	$(PY) benchmarks/step_warmth.py --markdown
 
 faults: env
 	$(PY) benchmarks/fault_detection.py

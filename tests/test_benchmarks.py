@@ -75,3 +75,41 @@ def test_thread_times_refuses_bad_counts():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "--runs must be at least 1" in out.stderr
+
+
+def _table(stdout: str) -> dict:
+    """Markdown rows of a benchmark's table, keyed by their first cell (the header row left out)."""
+    cells = [[x.strip() for x in line.strip().strip("|").split("|")] for line in stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("|---")]
+    return {c[0]: c[1:] for c in cells[1:]}
+
+
+def test_step_warmth_times_each_gap_kind_and_phase():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_warmth.py"), "--gaps", "0,2",
+                          "--steps", "40", "--rounds", "2", "--markdown"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _table(out.stdout)
+    assert set(rows) == {"sleep 0 ms", "sleep 2 ms", "busy-wait 0 ms", "busy-wait 2 ms"}, out.stdout
+    for name, r in rows.items():
+        gap_us, step_us, ratio = float(r[0]), float(r[1]), float(r[2])
+        phases = [float(v) for v in r[3:7]]
+        # The gap really happened (a sleep may overshoot, never undershoot), the first gap is the baseline,
+        # and the phases are parts of the step (medians of parts can't add up to much more than the whole).
+        assert gap_us >= (2000 if name.endswith(" 2 ms") else 0) * 0.99, (name, r)
+        assert step_us > 0 and all(v > 0 for v in phases), (name, r)
+        assert sum(phases) <= step_us * 1.25, (name, r)
+        if name.endswith(" 0 ms"):
+            assert ratio == 1.0, (name, r)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gaps", "-1"], "--gaps must be between 0 and 1000 ms"),
+    (["--gaps", "1,x"], "--gaps must be numbers"),
+    (["--steps", "0"], "--steps and --rounds must be at least 1"),
+    (["--steps", "2", "--rounds", "3"], "--rounds at most --steps"),
+])
+def test_step_warmth_refuses_bad_settings(args, message):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_warmth.py"), *args],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
