@@ -11,6 +11,13 @@ from ddp_helpers.data import DEBIAN_FASHION_DIR
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _table(stdout: str) -> dict:
+    """Markdown rows of a benchmark's table, keyed by their first cell (the header row left out)."""
+    cells = [[x.strip() for x in line.strip().strip("|").split("|")] for line in stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("|---")]
+    return {c[0]: c[1:] for c in cells[1:]}
+
+
 def test_allreduce_latency_prints_one_row_per_collective():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "allreduce_latency.py"), "--iters", "5",
                           "--rounds", "1", "--markdown"], capture_output=True, text=True, timeout=180, cwd=ROOT)
@@ -59,8 +66,7 @@ def test_thread_times_accounts_for_each_kind_of_thread():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "1",
                           "--markdown"], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {c[0]: c[1:] for c in ([x.strip() for x in line.strip("|").split("|")] for line in out.stdout.splitlines()
-                                  if line.startswith("| training") or line.startswith("| gloo"))}
+    rows = {k: v for k, v in _table(out.stdout).items() if k.startswith(("training", "gloo"))}
     assert {"training thread", "gloo collective workers", "gloo tcp_loop"} <= set(rows), out.stdout
     step_us = float(re.search(r"a step took (\d+) us", out.stdout).group(1))
     on_cpu = {k: float(v[0]) for k, v in rows.items()}
@@ -75,13 +81,6 @@ def test_thread_times_refuses_bad_counts():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "--runs must be at least 1" in out.stderr
-
-
-def _table(stdout: str) -> dict:
-    """Markdown rows of a benchmark's table, keyed by their first cell (the header row left out)."""
-    cells = [[x.strip() for x in line.strip().strip("|").split("|")] for line in stdout.splitlines()
-             if line.startswith("| ") and not line.startswith("|---")]
-    return {c[0]: c[1:] for c in cells[1:]}
 
 
 def test_step_warmth_times_each_gap_kind_and_phase():
