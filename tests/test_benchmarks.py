@@ -11,6 +11,12 @@ from ddp_helpers.data import DEBIAN_FASHION_DIR
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _bench(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """Run benchmarks/<script> with args from the repository root; its output captured as text."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
 def _table(stdout: str) -> dict:
     """Markdown rows of a benchmark's table, keyed by their first cell (the header row left out)."""
     cells = [[x.strip() for x in line.strip().strip("|").split("|")] for line in stdout.splitlines()
@@ -19,8 +25,7 @@ def _table(stdout: str) -> dict:
 
 
 def test_allreduce_latency_prints_one_row_per_collective():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "allreduce_latency.py"), "--iters", "5",
-                          "--rounds", "1", "--markdown"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = _bench("allreduce_latency.py", "--iters", "5", "--rounds", "1", "--markdown", timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if re.match(r"\| all-(reduce|gather) \d", line)]
     labels = [r.split("|")[1].strip() for r in rows]
@@ -35,15 +40,13 @@ def test_allreduce_latency_prints_one_row_per_collective():
 
 
 def test_allreduce_latency_refuses_bad_counts():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "allreduce_latency.py"), "--iters", "0"],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = _bench("allreduce_latency.py", "--iters", "0", timeout=60)
     assert out.returncode == 2 and "--iters and --rounds must be at least 1" in out.stderr
 
 
 def test_bench_pipelines_prints_every_configuration_and_the_targets():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_pipelines.py"), "--dataset", "mnist-5k",
-                          "--repeats", "1", "--seed-repeats", "1", "--markdown"],
-                         capture_output=True, text=True, timeout=270, cwd=ROOT)  # under pytest-timeout's 300 s
+    out = _bench("bench_pipelines.py", "--dataset", "mnist-5k", "--repeats", "1", "--seed-repeats", "1", "--markdown",
+                 timeout=270)  # under pytest-timeout's 300 s
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in out.stdout.splitlines()
                               if line.startswith("| seed") or line.startswith("| default"))}
@@ -63,8 +66,7 @@ def test_bench_pipelines_prints_every_configuration_and_the_targets():
                     reason="no per-thread scheduler statistics in this kernel")
 @pytest.mark.skipif(not os.path.isdir(DEBIAN_FASHION_DIR), reason="Debian's dataset-fashion-mnist not installed")
 def test_thread_times_accounts_for_each_kind_of_thread():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "1",
-                          "--markdown"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    out = _bench("thread_times.py", "--runs", "1", "--markdown", timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {k: v for k, v in _table(out.stdout).items() if k.startswith(("training", "gloo"))}
     assert {"training thread", "gloo collective workers", "gloo tcp_loop"} <= set(rows), out.stdout
@@ -78,15 +80,12 @@ def test_thread_times_accounts_for_each_kind_of_thread():
 
 
 def test_thread_times_refuses_bad_counts():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "thread_times.py"), "--runs", "0"],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = _bench("thread_times.py", "--runs", "0", timeout=60)
     assert out.returncode == 2 and "--runs must be at least 1" in out.stderr
 
 
 def test_step_warmth_times_each_gap_kind_and_phase():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_warmth.py"), "--gaps", "0,2",
-                          "--steps", "40", "--rounds", "2", "--markdown"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = _bench("step_warmth.py", "--gaps", "0,2", "--steps", "40", "--rounds", "2", "--markdown", timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = _table(out.stdout)
     assert set(rows) == {"sleep 0 ms", "sleep 2 ms", "busy-wait 0 ms", "busy-wait 2 ms"}, out.stdout
@@ -109,6 +108,5 @@ def test_step_warmth_times_each_gap_kind_and_phase():
     (["--steps", "2", "--rounds", "3"], "--rounds at most --steps"),
 ])
 def test_step_warmth_refuses_bad_settings(args, message):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_warmth.py"), *args],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = _bench("step_warmth.py", *args, timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
