@@ -42,6 +42,9 @@ def _busy(seconds: float) -> None:
         pass
 
 
+GAP_KINDS: Dict[str, Callable[[float], None]] = {"sleep": _sleep, "busy-wait": _busy}
+
+
 def _tiny() -> int:
     """The control: ~3,000 additions in Python, a few KB of code and data."""
     s = 0
@@ -53,20 +56,18 @@ def _tiny() -> int:
 def measure(gaps_ms: List[float], steps: int, rounds: int, warmup: int = 10
             ) -> Dict[Tuple[str, float], Dict[str, List[float]]]:
     """(gap kind, gap ms) -> lists of us per step: 'gap', 'step', each phase, 'control'."""
-    torch.manual_seed(0)
-    model = build_model(0)
+    model = build_model(0)  # seeds torch, so the batch below is the same in every run
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
-    kinds: Dict[str, Callable[[float], None]] = {"sleep": _sleep, "busy-wait": _busy}
     out: Dict[Tuple[str, float], Dict[str, List[float]]] = {
-        (k, g): {n: [] for n in ("gap", "step", "control", *PHASES)} for k in kinds for g in gaps_ms}
+        (k, g): {n: [] for n in ("gap", "step", "control", *PHASES)} for k in GAP_KINDS for g in gaps_ms}
     gc.collect()
     gc.freeze()  # no garbage collection in the middle of a timed step
     ns = time.perf_counter_ns
     per_round = -(-steps // rounds)
     for _ in range(rounds):
         for gap in gaps_ms:
-            for kind, wait in kinds.items():
+            for kind, wait in GAP_KINDS.items():
                 rec = out[(kind, gap)]
                 for i in range(warmup + per_round):
                     t0 = ns()
@@ -114,12 +115,12 @@ def main() -> int:
         os.sched_setaffinity(0, {core})  # one core, as a bound rank runs
     torch.set_num_threads(1)  # one thread, as each rank runs
     res = measure(gaps, args.steps, args.rounds)
-    base = {k: statistics.median(res[(k, gaps[0])]["step"]) for k in ("sleep", "busy-wait")}
-    base_ctl = {k: statistics.median(res[(k, gaps[0])]["control"]) for k in ("sleep", "busy-wait")}
+    base = {k: statistics.median(res[(k, gaps[0])]["step"]) for k in GAP_KINDS}
+    base_ctl = {k: statistics.median(res[(k, gaps[0])]["control"]) for k in GAP_KINDS}
     head = ("gap before the step", "gap us", "step us", f"x gap {gaps[0]:g} ms", *(f"{n} us" for n in PHASES),
             "control us", f"control x gap {gaps[0]:g} ms")
     rows = []
-    for kind in ("sleep", "busy-wait"):
+    for kind in GAP_KINDS:
         for gap in gaps:
             r = {n: statistics.median(v) for n, v in res[(kind, gap)].items()}
             rows.append((f"{kind} {gap:g} ms", f"{r['gap']:.0f}", f"{r['step']:.0f}", f"{r['step'] / base[kind]:.2f}",
