@@ -55,13 +55,17 @@ def machine() -> str:
             f"torch {torch.__version__}")
 
 
-def _memory_used_mb() -> float:
-    """System-wide memory in use (MemTotal - MemAvailable), MB; NaN where /proc/meminfo is missing."""
+def _memory_used_mb(fd: int) -> float:
+    """System-wide memory in use (MemTotal - MemAvailable), MB, read from an open /proc/meminfo; NaN if unreadable."""
+    # pread on a file kept open, and only the two fields parsed: ~9 us a sample. Opening the file and parsing all
+    # ~50 lines in Python took ~64 us, and at 100 samples a second that version slowed the default's training loop
+    # by 10-15% (median of 8-9 alternated runs each): the sampler is not allowed to perturb what it measures.
     try:
-        with open("/proc/meminfo") as fh:
-            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh)}
-        return (info["MemTotal"] - info["MemAvailable"]) / 1024
-    except (OSError, KeyError, ValueError):
+        b = os.pread(fd, 8192, 0)
+        total = b.index(b"MemTotal:") + len(b"MemTotal:")
+        avail = b.index(b"MemAvailable:") + len(b"MemAvailable:")
+        return (int(b[total:b.index(b"kB", total)]) - int(b[avail:b.index(b"kB", avail)])) / 1024
+    except (OSError, ValueError):
         return float("nan")
 
 
@@ -72,7 +76,11 @@ class MemoryPeak:
     """
 
     def __enter__(self) -> "MemoryPeak":
-        self.base = self.peak = _memory_used_mb()
+        try:
+            self._fd = os.open("/proc/meminfo", os.O_RDONLY)
+        except OSError:
+            self._fd = -1  # not Linux: every reading is NaN
+        self.base = self.peak = _memory_used_mb(self._fd)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -80,11 +88,13 @@ class MemoryPeak:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.01):
-            self.peak = max(self.peak, _memory_used_mb())
+            self.peak = max(self.peak, _memory_used_mb(self._fd))
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
         self.added_mb = self.peak - self.base
 
 

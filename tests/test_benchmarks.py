@@ -1,8 +1,11 @@
 """The benchmark scripts still run and print what the README quotes (figures are checked by people, not here)."""
+import importlib.util
+import math
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -60,6 +63,29 @@ def test_bench_pipelines_prints_every_configuration_and_the_targets():
         assert float(c[8]) > 0  # memory the run added: the ranks' own memory at least
     for target in ("default end to end vs seed:", "default loop vs seed loop:", "telemetry overhead:"):
         assert target in out.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo (not Linux)")
+def test_memory_sampler_reads_meminfo_and_sees_an_allocation():
+    path = os.path.join(ROOT, "benchmarks", "bench_pipelines.py")
+    spec = importlib.util.spec_from_file_location("bench_pipelines", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with open("/proc/meminfo") as fh:  # the slow, obvious parse the sampler's fast one must agree with
+        info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh)}
+    fd = os.open("/proc/meminfo", os.O_RDONLY)
+    try:
+        fast = bench._memory_used_mb(fd)
+    finally:
+        os.close(fd)
+    assert abs(fast - (info["MemTotal"] - info["MemAvailable"]) / 1024) < 64  # MB; the system moves in between
+    assert math.isnan(bench._memory_used_mb(-1))  # an unreadable file gives NaN, not an exception
+    with bench.MemoryPeak() as used:
+        block = bytearray(256 * 2**20)
+        block[::4096] = b"\1" * len(block[::4096])  # touch every page, so the memory is really in use
+        time.sleep(0.1)  # ten sampling periods
+        del block
+    assert used.added_mb > 200, (used.base, used.peak)
 
 
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
