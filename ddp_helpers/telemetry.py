@@ -105,7 +105,7 @@ class TrainResult:
     test_accuracy: float
     wall_time_s: float  # launch to the end of the last rank
     startup_s: float  # launch to the first step (the slowest rank's)
-    loop_time_s: float  # first step to the last step's end (the slowest rank's)
+    loop_time_s: float  # the last rank's first step to the last rank's end: start-up + loop <= wall, no overlap
     peak_rss_mb: List[float]  # per rank (its DataLoader workers included)
     parent_rss_mb: float
     bytes_allreduced: List[float]  # per rank, gradient bytes handed to all-reduce
@@ -258,7 +258,10 @@ def collect_result(buffers: TelemetryBuffers, config: dict, backend: str, datase
     firsts = info[:, R_T_FIRST]
     ends = info[:, R_T_END]
     startup = float(np.nanmax(firsts) - t_launch) if np.isfinite(firsts).any() else float("nan")
-    loop = float(np.nanmax(ends - firsts)) if np.isfinite(ends - firsts).any() else float("nan")
+    started, ended = firsts[np.isfinite(firsts)], ends[np.isfinite(ends)]
+    # The loop begins when the last rank begins: until then the others wait in their first all-reduce, and that
+    # wait is start-up (already counted above), not training. Measured per rank, it would be counted twice.
+    loop = float(ended.max() - started.max()) if len(started) and len(ended) else float("nan")
     correct, total = info[0, R_CORRECT], info[0, R_TOTAL]
     acc = float(correct / total) if np.isfinite(total) and total > 0 else float("nan")
     captured: Dict[int, Dict[str, np.ndarray]] = {}
