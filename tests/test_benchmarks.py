@@ -81,11 +81,12 @@ def test_memory_sampler_reads_meminfo_and_sees_an_allocation():
     assert abs(fast - (info["MemTotal"] - info["MemAvailable"]) / 1024) < 64  # MB; the system moves in between
     assert math.isnan(bench._memory_used_mb(-1))  # an unreadable file gives NaN, not an exception
     with bench.MemoryPeak() as used:
-        block = bytearray(256 * 2**20)
+        block = bytearray(2**30)
         block[::4096] = b"\1" * len(block[::4096])  # touch every page, so the memory is really in use
         time.sleep(0.1)  # ten sampling periods
         del block
-    assert used.added_mb > 200, (used.base, used.peak)
+    # The measure is system-wide: other processes (a previous test's ranks still exiting) move it by ~100-200 MB.
+    assert used.added_mb > 512, (used.base, used.peak)
 
 
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
