@@ -59,7 +59,7 @@ def _memory_used_mb(fd: int) -> float:
     """System-wide memory in use (MemTotal - MemAvailable), MB, read from an open /proc/meminfo; NaN if unreadable."""
     # pread on a file kept open, and only the two fields parsed: ~9 us a sample. Opening the file and parsing all
     # ~50 lines in Python took ~64 us, and at 100 samples a second that version slowed the default's training loop
-    # by 10-15% (median of 8-9 alternated runs each): the sampler is not allowed to perturb what it measures.
+    # by 11-16% (medians of 8 and 9 alternated runs each): the sampler must not perturb what it measures.
     try:
         b = os.pread(fd, 8192, 0)
         total = b.index(b"MemTotal:") + len(b"MemTotal:")
@@ -181,15 +181,16 @@ def main() -> int:
                      f"{m['added']:.0f}",
                      f"{m['acc']:.4f}") + ((f"{m['gpu_mem']:.0f}",) if on_gpu else ()))
     head = ("configuration", "wall s", "start-up s", "loop s", "steps/rank", "steps/s", "median step ms",
-            "peak RSS MB all (max rank)", "memory added MB", "test acc") + (("peak GPU MB (max rank)",) if on_gpu else ())
+            "peak RSS MB all (max rank)", "memory added MB", "test acc")
+    head += ("peak GPU MB (max rank)",) if on_gpu else ()
     print_table(head, rows, args.markdown)
     overhead = (tel["loop"] - bare["loop"]) / bare["loop"]
     print()
     print(f"default end to end vs seed:   {seed['wall'] / tel['wall']:.1f}x faster   (target >= 4x)")
     print(f"default loop vs seed loop:    {seed['loop'] / tel['loop']:.1f}x faster   (target >= 20x)")
     print(f"  without core binding:       {seed['loop'] / unbound['loop']:.1f}x (the seed at its best either way)")
-    print(f"  the slow tail:              {100 * tel['tail'] / tel['loop']:.0f}% of the default's loop is time above its "
-          f"median step; without it {seed['loop'] / (tel['loop'] - tel['tail']):.1f}x")
+    print(f"  the slow tail:              {100 * tel['tail'] / tel['loop']:.0f}% of the default's loop is time above "
+          f"its median step; without it {seed['loop'] / (tel['loop'] - tel['tail']):.1f}x")
     print(f"telemetry overhead:           {100 * overhead:+.1f}% of the bare loop   (target <= 15%)")
     step_overhead = (tel["step_ms"] - bare["step_ms"]) / bare["step_ms"]
     print(f"  per-step view:              {100 * step_overhead:+.1f}% (median step time with vs without telemetry)")

@@ -257,8 +257,8 @@ def collect_result(buffers: TelemetryBuffers, config: dict, backend: str, datase
     info = buffers.rank_info.numpy()
     firsts = info[:, R_T_FIRST]
     ends = info[:, R_T_END]
-    startup = float(np.nanmax(firsts) - t_launch) if np.isfinite(firsts).any() else float("nan")
     started, ended = firsts[np.isfinite(firsts)], ends[np.isfinite(ends)]
+    startup = float(started.max() - t_launch) if len(started) else float("nan")
     # The loop begins when the last rank begins: until then the others wait in their first all-reduce, and that
     # wait is start-up (already counted above), not training. Measured per rank, it would be counted twice.
     loop = float(ended.max() - started.max()) if len(started) and len(ended) else float("nan")
