@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ._proc import die_with_parent
 from .config import ConfigError, free_port
-from .launcher import LaunchError, RankFailedError, launch, stop_processes
+from .launcher import LaunchError, RankFailedError, is_comm_error, launch, stop_processes
 from .model import build_model
 
 CHECK_TIMEOUT_S = 40.0  # a whole check; a learner's deadlock ends here at the latest
@@ -135,13 +135,7 @@ def _call(fn: Callable, *args: Any) -> Dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - any error of the learner's code becomes a hint, not a traceback
         return {"status": "error", "type": type(e).__name__, "message": str(e).strip().splitlines()[0][:300]
                 if str(e).strip() else "", "where": _where(e, fn),
-                "comm": _is_comm_error(f"{type(e).__name__}: {e}")}
-
-
-def _is_comm_error(text: str) -> bool:
-    markers = ("DistBackendError", "DistNetworkError", "Connection closed", "Connection reset", "Timed out",
-               "timed out", "Broken pipe", "DistStoreError", "ECONNRESET", "Socket Timeout")
-    return any(m in text for m in markers)
+                "comm": is_comm_error(f"{type(e).__name__}: {e}")}
 
 
 class _Deadline:
@@ -361,7 +355,7 @@ def _bare_entry(rank: int, world_size: int, harness: Callable, args: tuple, resu
         out = harness(rank, world_size, *args)
     except BaseException as e:  # noqa: BLE001 - report, never print
         out = {"call": {"status": "error", "type": type(e).__name__, "message": str(e)[:300], "where": "",
-                        "comm": _is_comm_error(str(e))}}
+                        "comm": is_comm_error(str(e))}}
     results.put((rank, out))
     os._exit(0)  # skip interpreter teardown: a half-made group can hang in destructors
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import datetime
-import multiprocessing.connection
+import logging
 import os
 import pickle
 import shutil
@@ -11,18 +11,21 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from ._proc import bind_this_thread, binding_plan, die_with_parent
 from .config import ConfigError, check_address, default_threads, resolve_backend
 
 START_METHODS = ("spawn", "fork")
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
-SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step
+SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
+COMM_ERROR_MARKERS = ("DistBackendError", "DistNetworkError", "Connection closed", "Connection reset", "Timed out",
+                      "timed out", "Socket Timeout", "Broken pipe", "DistStoreError", "ECONNRESET")
 
 
 class LaunchError(RuntimeError):
@@ -48,6 +51,12 @@ class RankFailedError(RuntimeError):
         self.partial_result: Any = None  # run_training fills in the metrics collected before the failure
 
 
+def is_comm_error(text: str) -> bool:
+    """True when an error's text says a collective or the store lost its peer (a consequence, not a cause)."""
+    return any(m in text for m in COMM_ERROR_MARKERS)
+
+
+# ---------------------------------------------------------------------------------------------- in the child
 def _quiet_child(log_path: str) -> None:
     """Send this process's stdout/stderr (Python and C++ alike) to a log file: children never print in cells."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -60,46 +69,65 @@ def _quiet_child(log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
-def _rank_entry(rank: int, fn: Callable, world_size: int, backend: str, host: str, port_queue: Any,
-                timeout_s: float, threads: int, results: Any, log_dir: str, fn_args: tuple,
-                plan: Optional[List[List[int]]] = None) -> None:
-    """What each child runs: join the process group, call fn(rank, world_size, *fn_args), report back."""
+def _join_group(rank: int, world_size: int, backend: str, host: str, port: int, timeout_s: float) -> None:
+    """Join the parent's rendezvous store as a client and initialize the default process group."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def _run_in_group(rank: int, fn: Callable, world_size: int, group: Optional[tuple], port_queue: Any,
+                  plan: Optional[List[List[int]]], fn_args: tuple) -> Any:
+    """fn(rank, world_size, *fn_args), inside a process group when `group` = (backend, host, timeout_s)."""
+    if group is None:
+        return fn(rank, world_size, *fn_args)
+    backend, host, timeout_s = group
+    port = port_queue.get()  # the parent starts the store after starting us (see launch) and sends its port
+    _join_group(rank, world_size, backend, host, port, timeout_s)
+    if plan is not None:
+        # Only now, after gloo has started its communication threads, so they stay free to run on any core.
+        # The training thread keeps its own core: a rank waits on its peer in every all-reduce, and on a
+        # small VM the scheduler otherwise moves the waking thread around (a 31 KB gloo all-reduce took
+        # 2.0 ms on average unbound, 0.9 ms bound, on the 2-core VM of the benchmark).
+        bind_this_thread(plan[rank])
+    try:
+        return fn(rank, world_size, *fn_args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _report_error(results: Any, rank: int, e: BaseException) -> None:
+    tb = traceback.format_exc()
+    try:
+        payload = pickle.dumps(e)
+        pickle.loads(payload)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions are sent as text only
+        payload = None
+    results.put(("error", rank, payload, tb, f"{type(e).__name__}: {e}"))
+
+
+def _rank_entry(rank: int, fn: Callable, world_size: int, group: Optional[tuple], port_queue: Any, threads: int,
+                results: Any, log_dir: str, fn_args: tuple, plan: Optional[List[List[int]]] = None) -> None:
+    """What each child runs: join the process group (if asked), call fn, report the value or the error."""
     die_with_parent()
     _quiet_child(os.path.join(log_dir, f"rank{rank}.log"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
+    code = 0
     try:
-        timeout = datetime.timedelta(seconds=timeout_s)
-        port = port_queue.get()  # the parent starts the store after starting us (see launch) and sends its port
-        # The parent owns the rendezvous store (it picked the port), so ranks join as clients.
-        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        if plan is not None:
-            # Only now, after gloo has started its communication threads, so they stay free to run on any core.
-            # The training thread keeps its own core: a rank waits on its peer in every all-reduce, and on a
-            # small VM the scheduler otherwise moves the waking thread around (a 31 KB gloo all-reduce took
-            # 2.0 ms on average unbound, 0.9 ms bound, on the 2-core VM of the README's benchmark).
-            bind_this_thread(plan[rank])
-        try:
-            out = fn(rank, world_size, *fn_args)
-        finally:
-            dist.destroy_process_group()
+        out = _run_in_group(rank, fn, world_size, group, port_queue, plan, fn_args)
         results.put(("ok", rank, pickle.dumps(out)))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit, to the parent
-        tb = traceback.format_exc()
-        try:
-            payload = pickle.dumps(e)
-            pickle.loads(payload)
-        except Exception:  # noqa: BLE001 - unpicklable exceptions are sent as text only
-            payload = None
-        results.put(("error", rank, payload, tb, f"{type(e).__name__}: {e}"))
-        sys.stdout.flush()
-        os._exit(1)  # skip interpreter teardown: a broken process group can hang in destructors
+        _report_error(results, rank, e)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # the result is already in the pipe; skipping torch's slow interpreter teardown saves ~1 s
+    # Skip interpreter teardown: the result is already in the pipe, torch's teardown takes ~1 s, and a broken
+    # process group can hang in destructors.
+    os._exit(code)
 
 
+# ---------------------------------------------------------------------------------------------- in the parent
 def _log_tail(log_dir: str, rank: int, n: int = 2000) -> str:
     try:
         with open(os.path.join(log_dir, f"rank{rank}.log"), errors="replace") as fh:
@@ -108,10 +136,11 @@ def _log_tail(log_dir: str, rank: int, n: int = 2000) -> str:
         return ""
 
 
-def _is_comm_error(text: str) -> bool:
-    markers = ("DistBackendError", "DistNetworkError", "Connection closed by peer", "Connection reset",
-               "Timed out", "timed out", "Broken pipe", "DistStoreError", "ECONNRESET")
-    return any(m in text for m in markers)
+def _join_all(procs: Sequence[Any], timeout_s: float) -> None:
+    """Join every process within one shared timeout."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
 
 
 def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
@@ -119,13 +148,10 @@ def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
+    _join_all(procs, grace_s)
     for p in procs:
         if p.is_alive():
             p.kill()
-    for p in procs:
         p.join()
 
 
@@ -163,16 +189,74 @@ def check_launch(world_size: int, backend: str, start_method: str, host: str, po
     return backend
 
 
+class _Reports:
+    """What the ranks sent back: each one's value, or its error (payload, traceback, one-line text)."""
+
+    def __init__(self, queue: Any, world_size: int):
+        self.queue = queue
+        self.outputs: List[Any] = [None] * world_size
+        self.done: set = set()
+        self.errors: Dict[int, Tuple[Optional[bytes], str, str]] = {}
+
+    def drain(self) -> None:
+        """Read every report waiting in the queue."""
+        while not self.queue.empty():
+            msg = self.queue.get()
+            if msg[0] == "ok":
+                self.outputs[msg[1]] = pickle.loads(msg[2])
+                self.done.add(msg[1])
+            else:
+                self.errors[msg[1]] = msg[2:]
+
+
+class _QuietTermination(logging.Filter):
+    """Drop torch's "Terminating process <pid> via signal SIGTERM" warnings: RankFailedError tells the story,
+    and a pid printed into a cell changes on every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "process" not in record.getMessage().lower()
+
+
+def _supervise(context: ProcessContext, reports: _Reports, log_dir: str, on_poll: Optional[Callable[[], None]],
+               poll_s: float) -> List[Any]:
+    """Wait for every rank; on the first failure end them all (torch's join) and raise RankFailedError."""
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    quiet = _QuietTermination()
+    spawn_log.addFilter(quiet)
+    try:
+        while True:
+            if on_poll is not None:
+                on_poll()
+            try:
+                # join waits only on ranks still running (a finished rank's sentinel would wake it at once);
+                # on a failure it gives the others SETTLE_S to report their side, then terminates them.
+                finished = context.join(timeout=poll_s, grace_period=SETTLE_S)
+            except ProcessException as e:
+                reports.drain()
+                codes = [p.exitcode for p in context.processes]
+                err = _failure(e.error_index, codes, reports, log_dir)
+                raise err from err.__cause__  # the rank's own exception, not torch's ProcessExitedException
+            reports.drain()
+            if finished or len(reports.done) == len(reports.outputs):
+                break
+    finally:
+        spawn_log.removeFilter(quiet)
+    if on_poll is not None:
+        on_poll()
+    return reports.outputs
+
+
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "spawn",
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
            on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
-           bind_cores: Optional[bool] = None) -> List[Any]:
+           bind_cores: Optional[bool] = None, init_group: bool = True) -> List[Any]:
     """Run fn(rank, world_size, *args) on world_size processes in one process group; return each rank's value.
 
     spawn (the default) pickles fn by name, so fn must live in an importable module; fork copies this process
     and so also runs functions defined in a notebook cell (refused once CUDA is initialized).
     A rank that fails ends all of them and raises RankFailedError; Ctrl-C ends them all and re-raises.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
+    init_group=False starts the ranks without a process group (fn sets one up itself, as an exercise does).
     """
     backend = check_launch(world_size, backend, start_method, host, port)
     if start_method == "fork":
@@ -181,116 +265,98 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
         import torch._dynamo  # noqa: F401
     threads = threads_per_rank or default_threads(world_size)
     try:
-        plan = binding_plan(world_size, threads, backend, bind_cores)
+        plan = binding_plan(world_size, threads, backend, bind_cores) if init_group else None
     except ValueError as e:
         raise LaunchError(f"launch(bind_cores=True) refused: {e}. Use bind_cores=None to bind only when possible, "
                           "or fewer ranks or threads_per_rank") from None
-    timeout = datetime.timedelta(seconds=timeout_s)
     ctx_mp = mp.get_context(start_method)
-    results = ctx_mp.SimpleQueue()
-    port_queue = ctx_mp.SimpleQueue()
+    results, port_queue = ctx_mp.SimpleQueue(), ctx_mp.SimpleQueue()
     log_dir = tempfile.mkdtemp(prefix="ddp_helpers-")
-    child_args = (fn, world_size, backend, host, port_queue, timeout_s, threads, results, log_dir, args, plan)
+    group = (backend, host, timeout_s) if init_group else None
+    child_args = (fn, world_size, group, port_queue, threads, results, log_dir, args, plan)
     context = mp.start_processes(_rank_entry, args=child_args, nprocs=world_size, join=False,
                                  start_method=start_method)
-    procs = context.processes
     store = None
-    outputs: List[Any] = [None] * world_size
-    done: set = set()
-    errors: dict = {}
-
-    def drain() -> List[int]:
-        """Read every waiting report; return the ranks that ended without reporting success."""
-        while not results.empty():
-            msg = results.get()
-            if msg[0] == "ok":
-                outputs[msg[1]] = pickle.loads(msg[2])
-                done.add(msg[1])
-            else:
-                errors[msg[1]] = msg[2:]
-        return [r for r, p in enumerate(procs) if p.exitcode is not None and r not in done]
-
     try:
-        # The store is the rendezvous: binding port 0 lets the OS pick a free port, and holding it open while the
-        # ranks run means two launches at once can never collide (the listing's fixed 23456 can). It starts only
-        # now, after the ranks exist: a forked child must not inherit the store's server thread (it could hold a
-        # lock at the moment of the fork, and the child would then hang in the rendezvous).
-        store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        for _ in range(world_size):
-            port_queue.put(store.port)
-        while len(done) < world_size:
-            if on_poll is not None:
-                on_poll()
-            multiprocessing.connection.wait([results._reader] + [p.sentinel for p in procs], poll_s)
-            exited = drain()
-            if errors or exited:
-                # Something went wrong. Let the others finish the step they are on and report their side
-                # (a survivor is usually blocked in a collective by now), then end them all.
-                time.sleep(SETTLE_S)
-                if drain() or errors:
-                    codes = [p.exitcode for p in procs]  # before we stop the rest: who ended on their own
-                    stop_processes(procs)
-                    raise _failure(codes, errors, done, log_dir)
-        if on_poll is not None:
-            on_poll()
-        for p in procs:
-            p.join(timeout=10)
-        return outputs
+        if init_group:
+            # The store is the rendezvous: port 0 lets the OS pick a free port, and holding it open while the ranks
+            # run means two launches at once never collide (the listing's fixed 23456 can). It starts only now,
+            # after the ranks exist: a forked child must not inherit the store's server thread (it could hold a
+            # lock at the moment of the fork, and the child would then hang in the rendezvous).
+            store = dist.TCPStore(host, port, world_size, is_master=True,
+                                  timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+            for _ in range(world_size):
+                port_queue.put(store.port)
+        return _supervise(context, _Reports(results, world_size), log_dir, on_poll, poll_s)
     except BaseException:
-        stop_processes(procs)  # KeyboardInterrupt included: nothing outlives the call
+        stop_processes(context.processes)  # KeyboardInterrupt included: nothing outlives the call
         raise
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        store = None  # frees the port for the next run
+        _join_all(context.processes, 10.0)  # a rank that reported its value exits at once; one that doesn't ...
+        stop_processes(context.processes)  # ... is ended here: nothing outlives the call
+        store = None  # noqa: F841 - frees the port for the next run
         results.close()  # release the queues' pipes and locks now, not at interpreter exit
         port_queue.close()
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
-def _failure(codes: Sequence[Optional[int]], errors: dict, done: set, log_dir: str) -> RankFailedError:
-    """Pick the rank that failed first (not one that merely lost its peer) and describe it."""
-    killed = [r for r, c in enumerate(codes) if c is not None and c < 0 and r not in errors]
+def _killed(first: int, codes: Sequence[Optional[int]], errors: dict) -> Optional[int]:
+    """The rank a signal ended before anyone stopped it, or None.
+
+    torch's join names the first rank it saw exit; the others it then ended with SIGTERM. A rank ended by
+    another signal (SIGKILL from the OOM killer, a segfault) died on its own, even if join saw a peer first.
+    """
+    if first not in errors and codes[first] is not None and codes[first] < 0:
+        return first
+    own = [r for r, c in enumerate(codes) if c is not None and c < 0 and c != -signal.SIGTERM and r not in errors]
+    return own[0] if own else None
+
+
+def _failure(first: int, codes: Sequence[Optional[int]], reports: _Reports, log_dir: str) -> RankFailedError:
+    """Describe the failure: the rank that failed first (not one that merely lost its peer)."""
+    errors, done = reports.errors, reports.done
     others = [f"rank {r}: {text}" for r, (_, _, text) in sorted(errors.items())]
-    if killed:
-        r = killed[0]
+    killed = _killed(first, codes, errors)
+    if killed is not None:
+        code = codes[killed]
         try:
-            name = signal.Signals(-codes[r]).name
+            name = signal.Signals(-code).name
         except ValueError:
-            name = str(-codes[r])
-        err = RankFailedError(r, f"process was killed by signal {name} (exit code {codes[r]})",
-                              log_tail=_log_tail(log_dir, r), others=others)
-        return err
-    silent = [r for r, c in enumerate(codes) if c is None and r not in errors and r not in done]
-    if errors and silent and all(_is_comm_error(tb) for _, tb, _ in errors.values()):
+            name = str(-code)
+        return RankFailedError(killed, f"process was killed by signal {name} (exit code {code})",
+                               log_tail=_log_tail(log_dir, killed), others=others)
+    first_code = codes[first]
+    if errors:
+        return _reported_failure(errors, done, log_dir, len(reports.outputs), others)
+    if not os.path.exists(os.path.join(log_dir, f"rank{first}.log")):
+        # The log is the first thing a rank opens: this one died while Python was still starting it.
+        return RankFailedError(first, f"process exited with code {first_code} before it reached the training "
+                                      "function. With start_method='spawn' each rank first re-imports the main "
+                                      "script; a script that starts training at import time, or fails to import, "
+                                      "ends the rank there (its error is printed above). Put the launch under "
+                                      "`if __name__ == \"__main__\":`, or use start_method='fork'", others=others)
+    return RankFailedError(first, f"process exited with code {first_code} without reporting",
+                           log_tail=_log_tail(log_dir, first), others=others)
+
+
+def _reported_failure(errors: dict, done: set, log_dir: str, world_size: int, others: List[str]) -> RankFailedError:
+    silent = [r for r in range(world_size) if r not in errors and r not in done]
+    if silent and all(is_comm_error(tb) for _, tb, _ in errors.values()):
         # Everyone who spoke only lost a peer; a rank that neither finished nor failed is the one stuck.
         r = silent[0]
         return RankFailedError(r, "stopped responding: the other ranks timed out waiting for it in a collective "
                                   "(a hang, a deadlock, or a rank that skipped a collective); it was then terminated",
                                log_tail=_log_tail(log_dir, r), others=others)
-    if errors:
-        primary = [r for r, (_, tb, _) in sorted(errors.items()) if not _is_comm_error(tb)]
-        r = primary[0] if primary else min(errors)
-        payload, tb, text = errors[r]
-        original = None
-        if payload is not None:
-            try:
-                original = pickle.loads(payload)
-            except Exception:  # noqa: BLE001
-                original = None
-        err = RankFailedError(r, text, traceback_text=tb, original=original, log_tail="", others=others)
-        if original is not None:
-            err.__cause__ = original
-        return err
-    r = min(r for r, c in enumerate(codes) if c is not None and r not in done)
-    if not os.path.exists(os.path.join(log_dir, f"rank{r}.log")):
-        # The log is the first thing a rank opens: this one died while Python was still starting it.
-        return RankFailedError(r, f"process exited with code {codes[r]} before it reached the training function. "
-                                  "With start_method='spawn' each rank first re-imports the main script; a script "
-                                  "that starts training at import time, or fails to import, ends the rank there "
-                                  "(its error is printed above). Put the launch under "
-                                  "`if __name__ == \"__main__\":`, or use start_method='fork'", others=others)
-    return RankFailedError(r, f"process exited with code {codes[r]} without reporting",
-                           log_tail=_log_tail(log_dir, r), others=others)
+    primary = [r for r, (_, tb, _) in sorted(errors.items()) if not is_comm_error(tb)]
+    r = primary[0] if primary else min(errors)
+    payload, tb, text = errors[r]
+    original = None
+    if payload is not None:
+        try:
+            original = pickle.loads(payload)
+        except Exception:  # noqa: BLE001
+            original = None
+    err = RankFailedError(r, text, traceback_text=tb, original=original, log_tail="", others=others)
+    if original is not None:
+        err.__cause__ = original
+    return err

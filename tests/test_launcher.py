@@ -1,0 +1,64 @@
+"""The launcher's supervision: it waits without spinning, can start ranks without a process group, and classifies
+communication errors once for everyone."""
+from __future__ import annotations
+
+import resource
+import time
+
+import pytest
+import torch.distributed as dist
+
+from ddp_helpers import RankFailedError, launch
+from ddp_helpers.launcher import is_comm_error
+
+
+def _one_rank_ends_early(rank: int, world_size: int, wait_s: float) -> int:
+    if rank == 1:
+        time.sleep(wait_s)
+    return rank
+
+
+def _parent_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def test_waiting_for_a_slow_rank_after_another_finished_does_not_spin():
+    # Rank 0 ends at once; the parent then waits 2 s for rank 1. A poll loop that kept waking on the finished
+    # rank's sentinel burned ~2.8 s of CPU in 3.1 s; waiting only on live ranks costs a few polls.
+    launch(_one_rank_ends_early, 2, args=(0.0,), start_method="fork")  # warm: imports and first-launch costs
+    cpu0, t0 = _parent_cpu_s(), time.monotonic()
+    out = launch(_one_rank_ends_early, 2, args=(2.0,), start_method="fork", init_group=False)
+    cpu, wall = _parent_cpu_s() - cpu0, time.monotonic() - t0
+    assert out == [0, 1]
+    assert wall >= 2.0
+    assert cpu < 0.5 * wall, f"the parent used {cpu:.2f} s of CPU in {wall:.2f} s while waiting"
+
+
+def _group_state(rank: int, world_size: int) -> bool:
+    return dist.is_initialized()
+
+
+def test_init_group_false_starts_ranks_without_a_process_group():
+    assert launch(_group_state, 2, start_method="fork", init_group=False) == [False, False]
+    assert launch(_group_state, 2, start_method="fork") == [True, True]
+
+
+def _fails_without_group(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("no group here")
+
+
+def test_a_failing_rank_without_a_group_is_still_named():
+    with pytest.raises(RankFailedError) as e:
+        launch(_fails_without_group, 2, start_method="fork", init_group=False)
+    assert e.value.rank == 1 and isinstance(e.value.original, ValueError)
+
+
+@pytest.mark.parametrize("text, comm", [
+    ("DistBackendError: [../third_party/gloo/...] Connection closed by peer [127.0.0.1]:1234", True),
+    ("RuntimeError: Timed out waiting 8000ms for send operation to complete", True),
+    ("ValueError: shapes (3,) and (4,) differ", False),
+])
+def test_comm_errors_are_told_from_the_learners_own(text, comm):
+    assert is_comm_error(text) is comm
