@@ -13,7 +13,7 @@ _EXPORTS = {
     "TrainConfig": "config", "ConfigError": "config", "validate": "config",
     "DataSplits": "data", "DataError": "data", "load_data": "data", "shard_indices": "data", "normalize": "data",
     "build_model": "model", "fingerprint": "model", "flat_params": "model",
-    "TrainResult": "telemetry", "RankRecords": "telemetry",
+    "TrainResult": "result", "RankRecords": "result",
     "launch": "launcher", "LaunchError": "launcher", "RankFailedError": "launcher",
     "run_training": "runner",
     "train_single_process": "reference",

@@ -1,9 +1,11 @@
 """Process hygiene for launched ranks and their DataLoader workers: parent-death signal, CPU budget, core binding."""
 from __future__ import annotations
 
+import gc
 import math
 import os
 import signal
+import sys
 from typing import List, Optional, Sequence
 
 _ALL_CORES_ENV = "DDP_HELPERS_ALL_CORES"  # the cores the launcher could use, for processes a bound rank starts
@@ -152,3 +154,28 @@ def unbind_this_process() -> None:
     saved = os.environ.get(_ALL_CORES_ENV)
     if saved and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in saved.split(",")})
+
+
+def peak_rss_bytes(children: bool = True) -> float:
+    """Peak resident memory of this process (plus, by default, its largest finished child), in bytes; NaN if unknown.
+
+    ru_maxrss is in KiB on Linux and in bytes on macOS; Windows has no `resource` module.
+    """
+    try:
+        import resource
+    except ImportError:
+        return float("nan")
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if children:
+        usage += resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # e.g. the listing's DataLoader workers
+    return float(usage) * (1 if sys.platform == "darwin" else 1024)
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's view.
+
+    torch (and the torch._dynamo that DDP imports) leaves millions of long-lived objects; freezing them keeps
+    Python's full garbage collections from walking them in the middle of a step (tens of ms each).
+    """
+    gc.collect()
+    gc.freeze()

@@ -1,4 +1,4 @@
-"""Rank-0 checkpoints written atomically and loadable with torch.load(weights_only=True)."""
+"""Rank-0 checkpoints written atomically and loadable with torch.load(weights_only=True); exact resumes."""
 from __future__ import annotations
 
 import glob
@@ -7,6 +7,13 @@ import re
 from typing import Any, Dict, Optional
 
 import torch
+
+from .config import ConfigError, TrainConfig
+from .fileio import atomic_write
+
+# Anything that changes the sampler order or the update rule would make a "resumed" run a different one.
+RESUME_MUST_MATCH = ("world_size", "batch_size", "dataset", "seed", "pipeline", "accumulation_steps", "lr",
+                     "momentum")
 
 
 def checkpoint_path(directory: str, step: int) -> str:
@@ -19,12 +26,19 @@ def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tens
     """Write a checkpoint via a temporary file and a rename, so a crash never leaves a half-written one."""
     path = checkpoint_path(directory, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
     payload = {"step": step, "model": {k: v.detach().cpu() for k, v in model_state.items()},
                "optimizer": _to_cpu(optim_state), "config": config, "format": "ddp_helpers.checkpoint/1"}
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old file set or the complete new one
-    return path
+    return atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def save_if_due(cfg: TrainConfig, rank: int, step: int, end: int, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> Optional[str]:
+    """After `step` steps: rank 0 saves when checkpoints are on and it is the run's end or a checkpoint_every."""
+    if rank != 0 or cfg.checkpoint_dir is None:
+        return None  # rank 0 alone writes: all replicas are identical, so one copy is enough (and no write races)
+    if step != end and not (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        return None
+    return save_checkpoint(cfg.checkpoint_dir, step, model.state_dict(), optimizer.state_dict(), cfg.to_dict())
 
 
 def _to_cpu(x: Any) -> Any:
@@ -40,6 +54,30 @@ def _to_cpu(x: Any) -> Any:
 def load_checkpoint(path: str, map_location: Optional[torch.device] = None) -> Dict[str, Any]:
     """Load a checkpoint safely (weights_only=True: tensors and plain containers, no arbitrary code)."""
     return torch.load(os.path.expanduser(path), map_location=map_location or "cpu", weights_only=True)
+
+
+def check_resume(cfg: TrainConfig) -> int:
+    """The step cfg.resume_from continues after (0 without one); refuses settings that differ from the checkpoint's."""
+    if cfg.resume_from is None:
+        return 0
+    ckpt = load_checkpoint(cfg.resume_from)
+    saved = ckpt.get("config", {})
+    for key in RESUME_MUST_MATCH:
+        if key in saved and saved[key] != getattr(cfg, key):
+            raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
+                              f"({cfg.resume_from}); an exact resume needs the same {key}")
+    return int(ckpt["step"])
+
+
+def resume(path: Optional[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           device: torch.device) -> int:
+    """Load the model and optimizer state saved at `path` (None: nothing to load); return its step."""
+    if path is None:
+        return 0
+    ckpt = load_checkpoint(path, device)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    return int(ckpt["step"])
 
 
 def latest_checkpoint(directory: str) -> Optional[str]:

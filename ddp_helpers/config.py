@@ -200,25 +200,32 @@ def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_
                                           "to let the OS choose one") from None
 
 
-def validate(cfg: TrainConfig) -> str:
-    """Run every check that can be made before launching; return the resolved backend."""
+def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_port: bool = True) -> str:
+    """Run every check that can be made before launching; return the resolved backend.
+
+    Under torchrun, local_world_size is the ranks on this node (they share its GPUs and cores) and
+    check_port=False: torchrun owns the rendezvous port.
+    """
     if not isinstance(cfg, TrainConfig):
         raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}; build one with TrainConfig(...)")
     check_types(cfg)
     if cfg.resume_from is not None and not os.path.isfile(os.path.expanduser(str(cfg.resume_from))):
         raise _bad("resume_from", cfg.resume_from, "an existing checkpoint file (ckpt-*.pt written by a run)")
-    backend = resolve_backend(cfg.backend, cfg.world_size)
+    local = local_world_size or cfg.world_size
+    backend = resolve_backend(cfg.backend, local)
     try:
-        binding_plan(cfg.world_size, cfg.threads_per_rank or default_threads(cfg.world_size), backend, cfg.bind_cores)
+        binding_plan(local, cfg.threads_per_rank or default_threads(local), backend, cfg.bind_cores)
     except ValueError as e:
         raise _bad("bind_cores", cfg.bind_cores, f"None (bind when possible) or False here: {e}") from None
-    check_address(cfg.master_addr, cfg.master_port)
+    if check_port:
+        check_address(cfg.master_addr, cfg.master_port)
     if cfg.checkpoint_dir is not None:
-        _check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
+        check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
     return backend
 
 
-def _check_writable_dir(name: str, path: str) -> None:
+def check_writable_dir(name: str, path: str) -> None:
+    """Refuse a path whose nearest existing folder this user can't write (named as TrainConfig.<name>)."""
     path = os.path.expanduser(path)
     probe = path
     while not os.path.exists(probe):  # the nearest existing parent must be writable to create it
@@ -235,4 +242,4 @@ def default_threads(world_size: int) -> int:
     return max(1, cpu_budget() // world_size)
 
 
-__all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads"]
+__all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads", "check_writable_dir"]

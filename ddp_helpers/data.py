@@ -12,7 +12,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, check_writable_dir
+from .fileio import atomic_write, ceil_div
 
 DEBIAN_FASHION_DIR = "/usr/share/datasets/fashion-mnist"  # Debian package dataset-fashion-mnist
 RAW_FILES = (
@@ -85,8 +86,8 @@ def shard_indices(n: int, rank: int, world_size: int, seed: int, epoch: int, shu
 
 def steps_per_epoch(n: int, world_size: int, batch_size: int, pipeline: str = "default") -> int:
     """Optimizer steps per epoch on each rank (equal on all ranks, so no rank waits forever)."""
-    per_rank = n if pipeline == "seed" else -(-n // world_size)  # the seed listing has no sampler: all n
-    return -(-per_rank // batch_size)
+    per_rank = n if pipeline == "seed" else ceil_div(n, world_size)  # the seed listing has no sampler: all n
+    return ceil_div(per_rank, batch_size)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -100,6 +101,11 @@ def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
 
 
 _NOTICES_SHOWN: set = set()
+
+
+def clear_cache() -> None:
+    """Forget the data sets decoded so far in this process (the next load_data reads the files again)."""
+    _load_cached.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)
@@ -247,9 +253,7 @@ def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
 
 
 def _check_download_root(folder: str, root: str) -> None:
-    from .config import _check_writable_dir
-
-    _check_writable_dir("data_root", os.path.join(root, folder))
+    check_writable_dir("data_root", os.path.join(root, folder))
 
 
 def load_fashion_mnist(root: str) -> DataSplits:
@@ -295,17 +299,17 @@ def unpack_debian_fashion(root: str) -> str:
             continue
         if not os.path.exists(src):
             raise DataError(f"{src} is missing; reinstall it: apt-get install --reinstall dataset-fashion-mnist")
-        tmp = f"{dst}.tmp{os.getpid()}"
         try:
-            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
-            os.replace(tmp, dst)  # a half-written file is never seen under the real name
+            atomic_write(dst, lambda tmp: _gunzip(src, tmp))  # a half-written file is never seen under the real name
         except (OSError, EOFError) as e:
-            if os.path.exists(tmp):
-                os.remove(tmp)
             raise DataError(f"can't unpack {src} into {raw} ({e}); reinstall dataset-fashion-mnist or free disk "
                             "space") from e
     return raw
+
+
+def _gunzip(src: str, dst: str) -> None:
+    with gzip.open(src, "rb") as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
 
 
 # ------------------------------------------------------------------------------------ the seed's pipeline

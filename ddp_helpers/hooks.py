@@ -1,19 +1,32 @@
-"""A DDP communication hook that records each bucket's local gradient, then all-reduces it as DDP would."""
+"""DDP communication hooks that record each bucket's local gradient, then hand it to one of torch's own hooks.
+
+`recording(hook)` wraps a standard hook the way torch's `fp16_compress_wrapper` wraps one: it adds one concern
+(looking at the gradient before it is averaged) and leaves the communication to the hook it wraps.
+"""
 # No "from __future__ import annotations": DDP checks the hook's annotations at runtime.
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+Hook = Callable[[Optional[dist.ProcessGroup], dist.GradBucket], torch.futures.Future]
+
+# comm_hook setting -> (torch's hook, the dtype it sends, None = the bucket's own)
+COMM_HOOKS: Dict[str, Tuple[Hook, Optional[torch.dtype]]] = {
+    "allreduce": (default_hooks.allreduce_hook, None),  # divide by the world size, all-reduce the sum: the mean
+    "fp16": (default_hooks.fp16_compress_hook, torch.float16),  # the same in float16: half the bytes, rounded
+}
 
 
 class GradRecorder:
     """State handed to the hook: what it saw in this backward pass, and what it sent in total."""
 
-    def __init__(self, compress: str = "allreduce", record: bool = True,
-                 group: Optional[dist.ProcessGroup] = None):
-        self.compress = compress  # "allreduce" (exact, float32) or "fp16" (half the bytes, rounded)
-        self.record = record  # False = the bare loop: only count, no norms
-        self.group = group  # the process group to average over (None = the default group, as DDP's own hooks)
+    def __init__(self, record: bool = True, wire_dtype: Optional[torch.dtype] = None,
+                 process_group: Optional[dist.ProcessGroup] = None):
+        self.record = record  # False = only count calls and bytes, no norms
+        self.wire_dtype = wire_dtype  # the dtype the wrapped hook sends (None = the bucket's own)
+        self.process_group = process_group  # None = the default group, as in torch's own hooks
         self.capture = False  # set for steps whose full local gradient is kept
         self.local_sq: List[torch.Tensor] = []  # squared L2 norm of each bucket before the all-reduce
         self.buckets: List[torch.Tensor] = []  # the bucket buffers: after backward they hold the averaged gradient
@@ -27,6 +40,19 @@ class GradRecorder:
         self.buckets.clear()
         self.local_grads.clear()
         self.capture = capture
+
+    def see(self, bucket: dist.GradBucket) -> None:
+        """Record a bucket before it is averaged: its squared norm, and every gradient when capturing."""
+        buf = bucket.buffer()  # this rank's gradients for the bucket, flattened: still local at this point
+        self.calls += 1
+        self.bytes_sent += buf.numel() * (self.wire_dtype or buf.dtype).itemsize
+        if not self.record:
+            return
+        self.local_sq.append(buf.dot(buf))  # squared L2 norm, one op (half the cost of vector_norm().square())
+        self.buckets.append(buf)
+        if self.capture:
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                self.local_grads[id(p)] = g.detach().clone()
 
     def squared_norms(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """Squared L2 norms (local, synced) of the whole gradient, as 0-d tensors; call after backward().
@@ -44,31 +70,25 @@ class GradRecorder:
         return torch.stack(self.local_sq).sum(), torch.stack(synced_sq).sum()
 
 
-def recording_allreduce_hook(state: GradRecorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Record the bucket's local gradient, then average it across ranks (what DDP's default hook does)."""
-    buf = bucket.buffer()  # this rank's gradients for the bucket, flattened: still local at this point
-    if state.record:
-        state.local_sq.append(buf.dot(buf))  # squared L2 norm, one op (half the cost of vector_norm().square())
-        state.buckets.append(buf)
-        if state.capture:
-            for p, g in zip(bucket.parameters(), bucket.gradients()):
-                state.local_grads[id(p)] = g.detach().clone()
-    state.calls += 1
-    group = state.group or dist.group.WORLD
-    world = group.size()
-    if state.compress == "fp16":
-        # Send half the bytes: divide first so the fp16 sum can't overflow, then decompress into the bucket.
-        payload = buf.to(torch.float16).div_(world)
-        state.bytes_sent += payload.numel() * payload.element_size()
-        fut = group.allreduce([payload]).get_future()
+def recording(hook: Hook) -> Callable[[GradRecorder, dist.GradBucket], torch.futures.Future]:
+    """A hook that records each bucket in its GradRecorder state, then runs `hook` on it."""
 
-        def decompress(f: torch.futures.Future) -> torch.Tensor:
-            return buf.copy_(f.value()[0])
+    def recording_hook(state: GradRecorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        state.see(bucket)
+        return hook(state.process_group, bucket)  # e.g. allreduce_hook: bucket /= world size, then all_reduce
 
-        return fut.then(decompress)
-    buf.div_(world)  # sum of (g_r / N) over ranks = the mean gradient, identical on every rank
-    state.bytes_sent += buf.numel() * buf.element_size()
-    # group.allreduce([t]) is the collective that dist.all_reduce(t, async_op=True) runs (SUM by default), minus
-    # that function's per-call argument checks: ~50 us here, and a hook runs on every step.
-    fut = group.allreduce([buf]).get_future()  # in place: buf becomes the averaged gradient
-    return fut.then(lambda f: f.value()[0])
+    recording_hook.__name__ = f"recording_{getattr(hook, '__name__', 'hook')}"
+    return recording_hook
+
+
+def attach_recorder(ddp: torch.nn.parallel.DistributedDataParallel, comm_hook: str, record: bool) -> GradRecorder:
+    """Register recording(COMM_HOOKS[comm_hook]) on ddp and return its state.
+
+    With record=False and the plain all-reduce, nothing is registered: DDP keeps its built-in C++ all-reduce
+    (the bare loop), and the recorder's counts stay 0.
+    """
+    hook, wire_dtype = COMM_HOOKS[comm_hook]
+    recorder = GradRecorder(record=record, wire_dtype=wire_dtype)
+    if record or comm_hook != "allreduce":
+        ddp.register_comm_hook(recorder, recording(hook))
+    return recorder

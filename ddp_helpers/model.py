@@ -8,9 +8,13 @@ from torch import nn
 
 
 def build_model(seed: int) -> nn.Module:
-    """Flatten -> Linear(784, 10), initialized from `seed` so every rank starts from the same weights."""
-    torch.manual_seed(seed)  # DDP would broadcast rank 0's weights anyway; a shared seed makes that a no-op
-    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
+    """Flatten -> Linear(784, 10), initialized from `seed` so every rank starts from the same weights.
+
+    The caller's random state is left as it was (the seed is used inside a forked RNG).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # DDP would broadcast rank 0's weights anyway; a shared seed makes that a no-op
+        return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:

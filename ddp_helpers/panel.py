@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from .config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
 from .data import DataError
 from .launcher import LaunchError, RankFailedError
-from .telemetry import TrainResult
+from .result import TrainResult
 
 DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic
 _COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318"}

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.figure import Figure
 
-from .telemetry import TrainResult
+from .result import TrainResult
 
 RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 

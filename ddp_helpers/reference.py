@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from .config import TrainConfig
-from .data import DataSplits, load_data, shard_indices, steps_per_epoch
+from .data import DataSplits, load_data, shard_indices
 from .model import build_model, fingerprint, flat_params
+from .plan import StepPlan
+from .result import hex64
 
 
 @dataclass
@@ -22,43 +24,40 @@ class ReferenceResult:
     final_params: np.ndarray  # flattened parameters at the end
 
 
-def global_batches(cfg: TrainConfig, n: int, epoch: int) -> List[torch.Tensor]:
-    """Per step, the indices all ranks use together: rank 0's batch, then rank 1's, ... (DistributedSampler shards)."""
+def global_micro_batches(cfg: TrainConfig, n: int, epoch: int) -> List[List[torch.Tensor]]:
+    """Per micro-batch, each rank's indices (DistributedSampler shards), as the ranks take them in `epoch`."""
     shards = [shard_indices(n, r, cfg.world_size, cfg.seed, epoch) for r in range(cfg.world_size)]
-    per_rank = cfg.batch_size * cfg.accumulation_steps
-    return [torch.cat([s[i:i + per_rank] for s in shards]) for i in range(0, len(shards[0]), per_rank)]
+    return [[s[i:i + cfg.batch_size] for s in shards] for i in range(0, len(shards[0]), cfg.batch_size)]
 
 
 def train_single_process(cfg: TrainConfig, data: Optional[DataSplits] = None,
                          max_steps: Optional[int] = None) -> ReferenceResult:
-    """Train one model on the concatenation of every rank's batch per step (one process, no DDP).
+    """Train one model on the concatenation of every rank's samples per step (one process, no DDP).
 
     With equal per-rank batches, mean-loss gradients here equal the average of the ranks' gradients, so
-    the parameters must match the DDP run up to floating-point rounding.
+    the parameters must match the DDP run up to floating-point rounding. The caller's torch thread count and
+    random state are left as they were.
     """
     data = data or load_data(cfg)
+    if max_steps is not None:
+        cfg = cfg.replace(max_steps=min(max_steps, cfg.max_steps or max_steps))
+    images, labels = data.train_normalized(), data.train_labels
+    plan = StepPlan.for_run(cfg, len(labels), cfg.world_size)
+    threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads_per_rank or 1)
-    model = build_model(cfg.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    images = data.train_normalized()
-    n = len(data.train_labels)
-    batches_per_epoch = steps_per_epoch(n, cfg.world_size, cfg.batch_size)
-    per_epoch = -(-batches_per_epoch // cfg.accumulation_steps)
-    end = cfg.epochs * per_epoch
-    for limit in (cfg.max_steps, max_steps):
-        if limit is not None:
-            end = min(end, limit)
-    losses, prints = [], []
-    step = 0
-    for epoch in range(cfg.epochs):
-        for idx in global_batches(cfg, n, epoch):
-            if step >= end:
-                break
+    try:
+        model = build_model(cfg.seed)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        losses, prints = [], []
+        for _, micro in plan.steps(lambda epoch: global_micro_batches(cfg, len(labels), epoch)):
+            # rank 0's samples of the step (all its micro-batches), then rank 1's, ...
+            idx = torch.cat([m[r] for r in range(cfg.world_size) for m in micro])
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(images[idx]), data.train_labels[idx])
+            loss = F.cross_entropy(model(images[idx]), labels[idx])
             loss.backward()
             opt.step()
             losses.append(loss.item())
-            prints.append(f"{fingerprint(list(model.parameters())) & 0xFFFFFFFFFFFFFFFF:016x}")
-            step += 1
+            prints.append(hex64(fingerprint(list(model.parameters()))))
+    finally:
+        torch.set_num_threads(threads)
     return ReferenceResult(np.array(losses), prints, flat_params(model).numpy())

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import typing
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .config import TrainConfig
 
@@ -30,7 +30,8 @@ def _bool_flag(optional: bool):
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one flag per TrainConfig field, plus --out, --no-plots and --start-method."""
     p = argparse.ArgumentParser(prog="python -m ddp_helpers.train", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = typing.get_type_hints(TrainConfig)
@@ -79,6 +80,38 @@ def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def _torchrun_config(cfg: TrainConfig) -> Tuple[TrainConfig, int, int]:
+    """cfg with torchrun's world size; (cfg, global rank, ranks on this node) from torchrun's environment."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
+    return cfg.replace(world_size=world, master_port=0), rank, local_world
+
+
+def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int):
+    """One process per node reads (or downloads) the data first; the others then read the files it wrote."""
+    import torch.distributed as dist
+
+    from .data import load_data
+
+    if local_rank == 0:
+        data = load_data(cfg, quiet=rank != 0)
+    dist.barrier()
+    return data if local_rank == 0 else load_data(cfg, quiet=True)
+
+
+def _gather_on_rank0(job, rank: int) -> bool:
+    """Each process filled only its own rows: gather them on rank 0 (as objects, so gloo and nccl both work)."""
+    import torch.distributed as dist
+
+    rows = [None] * job.cfg.world_size
+    dist.all_gather_object(rows, job.buffers.rank_rows(rank))
+    if rank == 0:
+        for r, row in enumerate(rows):
+            job.buffers.set_rank_rows(r, row)
+    return rank == 0
+
+
 def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     """One rank of a torchrun job: init from the environment, train, gather telemetry on rank 0."""
     import torch
@@ -86,20 +119,12 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
 
     from . import worker
     from ._proc import bind_this_thread, binding_plan
-    from .config import ConfigError, default_threads, resolve_backend
-    from .data import load_data
-    from .model import build_model, n_params
-    from .telemetry import TelemetryBuffers, collect_result
+    from .config import default_threads
+    from .job import Job, check_job
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != cfg.world_size:
-        cfg = cfg.replace(world_size=world)  # torchrun's --nproc-per-node x --nnodes decides
-    cfg_checked = cfg.replace(master_port=0)  # torchrun owns the port; don't test whether it is free
-    from .config import check_types
-
-    check_types(cfg_checked)
-    backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cfg, rank, local_world = _torchrun_config(cfg)
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    backend = check_job(cfg, local_world_size=local_world, check_port=False)  # the checks run_training makes
     threads = cfg.threads_per_rank or default_threads(local_world)
     torch.set_num_threads(threads)
     t_launch = time.monotonic()
@@ -107,43 +132,14 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=cfg.timeout_s))
     try:
         plan = binding_plan(local_world, threads, backend, cfg.bind_cores)  # this node's ranks share its cores
-    except ValueError as e:
-        raise ConfigError(f"--bind-cores true refused: {e}; use --bind-cores auto") from None
-    if plan is not None:  # as launch() does: after gloo's threads exist, the training thread gets its own cores
-        bind_this_thread(plan[int(os.environ.get("LOCAL_RANK", rank))])
-    try:
-        first_on_node = int(os.environ.get("LOCAL_RANK", rank)) == 0
-        if first_on_node:
-            data = load_data(cfg, quiet=rank != 0)  # one process per node downloads first ...
-        dist.barrier()
-        if not first_on_node:
-            data = load_data(cfg, quiet=True)  # ... the others then read the files it wrote
-        start = 0
-        if cfg.resume_from:
-            from .checkpoint import load_checkpoint
-
-            start = int(load_checkpoint(cfg.resume_from)["step"])
-        _, first, end = worker.plan_steps(cfg, len(data.train_labels), world, start)
-        buf = TelemetryBuffers(world, max(end - first, 1), cfg.batch_size * cfg.accumulation_steps,
-                               len(cfg.capture_grad_steps), n_params(build_model(cfg.seed)))
-        out_summary = worker.train(rank, world, cfg, backend, data, buf)
-        # Each process filled only its own row: gather the rows on rank 0 (objects, so gloo and nccl both work).
-        mine = {k: getattr(buf, k)[rank].clone() for k in ("f64", "i64", "samples", "rank_info", "captures",
-                                                            "capture_done")}
-        mine["count"] = int(buf.count[rank])
-        rows = [None] * world
-        dist.all_gather_object(rows, mine)
-        if rank != 0:
+        if plan is not None:  # as launch() does: after gloo's threads exist, the training thread gets its own cores
+            bind_this_thread(plan[local_rank])
+        job = Job.create(cfg, backend, _load_on_node(cfg, rank, local_rank))
+        job.t_launch = t_launch
+        out_summary = worker.train(rank, cfg.world_size, cfg, backend, job.data, job.buffers)
+        if not _gather_on_rank0(job, rank):
             return None
-        for r, row in enumerate(rows):
-            for k in ("f64", "i64", "samples", "rank_info", "captures", "capture_done"):
-                getattr(buf, k)[r] = row[k]
-            buf.count[r] = row["count"]
-        import resource
-
-        result = collect_result(buf, cfg.to_dict(), backend, data.name, data.source, t_launch, time.monotonic(),
-                                cfg.capture_grad_steps, out_summary["final_params"],
-                                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        result = job.result(final_params=out_summary["final_params"])
         write_outputs(result, out, plots)
         return result
     finally:
@@ -152,7 +148,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     from .config import ConfigError
     from .data import DataError
     from .launcher import LaunchError, RankFailedError

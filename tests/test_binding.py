@@ -9,7 +9,7 @@ import torch
 from ddp_helpers import LaunchError, launch
 import ddp_helpers._proc as P
 from ddp_helpers._proc import core_plan, usable_cores
-from ddp_helpers.worker import _loader_worker_init
+from ddp_helpers.batches import loader_worker_init
 
 CORES = usable_cores()
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2 or not hasattr(os, "sched_setaffinity"),
@@ -89,7 +89,7 @@ class _AffinityDataset(torch.utils.data.Dataset):
 
 def _loader_worker_cores(rank, world_size):
     loader = torch.utils.data.DataLoader(_AffinityDataset(), batch_size=None, num_workers=1,
-                                         worker_init_fn=_loader_worker_init)
+                                         worker_init_fn=loader_worker_init)
     return sorted(os.sched_getaffinity(0)), [t.tolist() for t in loader]
 
 

@@ -124,16 +124,16 @@ def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
 
 @pytest.mark.parametrize("text, expected", [("false", False), ("true", True), ("auto", None), ("off", False)])
 def test_cli_bind_cores_flag_accepts_auto(text, expected):
-    from ddp_helpers.train import _parser, config_from_args
+    from ddp_helpers.train import build_parser, config_from_args
 
-    assert config_from_args(_parser().parse_args(["--bind-cores", text])).bind_cores is expected
+    assert config_from_args(build_parser().parse_args(["--bind-cores", text])).bind_cores is expected
 
 
 def test_cli_plain_bool_flag_refuses_auto(capsys):
-    from ddp_helpers.train import _parser
+    from ddp_helpers.train import build_parser
 
     with pytest.raises(SystemExit):
-        _parser().parse_args(["--telemetry", "auto"])  # telemetry has no automatic setting
+        build_parser().parse_args(["--telemetry", "auto"])  # telemetry has no automatic setting
     assert "--telemetry" in capsys.readouterr().err
 
 

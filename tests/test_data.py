@@ -76,11 +76,11 @@ def test_mnist_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch,
     monkeypatch.setattr(D, "_mirrors_reachable", lambda mirrors: mirrors_answer)
     monkeypatch.setattr(datasets.MNIST, "download", offline)
     D._NOTICES_SHOWN.clear()
-    D._load_cached.cache_clear()
+    D.clear_cache()
     try:
         splits = D.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
     finally:
-        D._load_cached.cache_clear()
+        D.clear_cache()
     assert splits.name == "mnist-5k"
     err = capsys.readouterr().err
     assert "offline" in err and "mnist-5k" in err and err.count("\n") == 1
@@ -160,7 +160,7 @@ def test_ranks_receive_the_parents_normalized_images(small_cfg):
     # run_training normalizes once in the parent; the ranks map that shared tensor instead of each making a copy.
     from ddp_helpers import run_training
 
-    D._load_cached.cache_clear()  # a fresh load, as in a new notebook: nothing normalized yet
+    D.clear_cache()  # a fresh load, as in a new notebook: nothing normalized yet
     assert D.load_data(small_cfg, quiet=True)._train_float is None
     run_training(small_cfg.replace(max_steps=1, capture_grad_steps=()), progress=False, start_method="fork")
     d = D.load_data(small_cfg, quiet=True)

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from ddp_helpers.model import build_model, fingerprint
-from ddp_helpers.worker import _samples_hash
+from ddp_helpers.telemetry import samples_hash
 
 
 def test_equal_parameters_equal_fingerprints_whatever_the_container():
@@ -38,7 +38,7 @@ def test_fingerprint_depends_on_order_and_on_every_tensor():
 
 def test_samples_hash_tells_apart_other_samples_and_other_orders():
     idx = np.arange(64)
-    h = _samples_hash(idx)
-    assert h == _samples_hash(torch.arange(64))
-    assert h != _samples_hash(idx[::-1].copy())
-    assert h != _samples_hash(np.arange(1, 65))
+    h = samples_hash(idx)
+    assert h == samples_hash(torch.arange(64))
+    assert h != samples_hash(idx[::-1].copy())
+    assert h != samples_hash(np.arange(1, 65))

@@ -18,7 +18,7 @@ import torch
 from ddp_helpers import ConfigError, LaunchError, RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers import launcher as L
 from ddp_helpers.config import free_port
-from ddp_helpers.worker import InjectedFault
+from ddp_helpers.faults import InjectedFault
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
@@ -120,7 +120,7 @@ def test_unreadable_data_root_is_refused(tmp_path):
     root.write_text("x")
     from ddp_helpers import data as D
 
-    D._load_cached.cache_clear()
+    D.clear_cache()
     with pytest.raises(ConfigError, match="data_root"):
         run_training(SMALL.replace(dataset="fashion-mnist", data_root=str(root)), progress=False)
 
@@ -205,7 +205,7 @@ def test_rank_that_raises_ends_the_job_with_its_error(start_method):
     elapsed = time.monotonic() - t0
     err = e.value
     assert err.rank == 1 and isinstance(err.original, InjectedFault) and err.__cause__ is err.original
-    assert "_inject_fault" in err.traceback_text and "rank 1 failed" in str(err)
+    assert "inject_fault" in err.traceback_text and "rank 1 failed" in str(err)
     assert elapsed < 10 + (8 if start_method == "spawn" else 0), f"took {elapsed:.1f} s"  # spawn: ~6 s start-up
     partial = err.partial_result
     assert not partial.complete and [len(r) for r in partial.ranks] == [5, 5]
@@ -368,17 +368,17 @@ def test_two_launches_in_one_process_get_different_ports():
 
 # ------------------------------------------------------------------------------------------ 7. checkpoints
 def test_checkpoint_written_by_rank_0_only_and_atomically(tmp_path, monkeypatch):
-    from ddp_helpers import worker
+    from ddp_helpers import checkpoint
 
     marks = tmp_path / "marks"
     marks.mkdir()
-    real = worker.save_checkpoint
+    real = checkpoint.save_checkpoint
 
     def spy(directory, step, *a, **k):  # runs inside the forked ranks
         (marks / f"rank{torch.distributed.get_rank()}-step{step}").touch()
         return real(directory, step, *a, **k)
 
-    monkeypatch.setattr(worker, "save_checkpoint", spy)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", spy)
     ck = tmp_path / "ck"
     run_training(SMALL.replace(max_steps=6, checkpoint_dir=str(ck), checkpoint_every=2), progress=False,
                  start_method="fork")
@@ -470,10 +470,10 @@ def test_unwritable_data_root_refused_even_when_running_as_root(tmp_path, monkey
     ro.mkdir()
     real_access = os.access
     monkeypatch.setattr(C.os, "access", lambda p, mode: False if str(p).startswith(str(ro)) else real_access(p, mode))
-    D._load_cached.cache_clear()
+    D.clear_cache()
     with pytest.raises(ConfigError, match=r"TrainConfig\.data_root=.*not accepted: a directory this user can write"):
         run_training(SMALL.replace(dataset="fashion-mnist", data_root=str(ro)), progress=False)
-    D._load_cached.cache_clear()
+    D.clear_cache()
 
 
 

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import math
 
-from ddp_helpers.telemetry import R_T_END, R_T_FIRST, TelemetryBuffers, collect_result
+from ddp_helpers.result import collect_result
+from ddp_helpers.telemetry import RankField, TelemetryBuffers
 
 
 def _result(firsts, ends, t_launch=10.0, t_done=20.0):
     buf = TelemetryBuffers(world_size=len(firsts), max_steps=4, samples_per_step=2, n_capture=0, n_params=3)
     for r, (first, end) in enumerate(zip(firsts, ends)):
-        buf.rank_info[r, R_T_FIRST] = first
-        buf.rank_info[r, R_T_END] = end
+        buf.rank_info[r, RankField.T_FIRST] = first
+        buf.rank_info[r, RankField.T_END] = end
     return collect_result(buf, {}, "gloo", "mnist-5k", "test", t_launch, t_done, (), None, 0.0)
 
 

@@ -1,0 +1,23 @@
+"""Fault injection for lessons and tests: make one rank fail on purpose, to show what the launcher does then."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from .config import TrainConfig
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by fault injection (cfg.fault_rank/fault_step), to show what a failing rank does."""
+
+
+def inject_fault(cfg: TrainConfig, rank: int, step: int) -> None:
+    """Fail as cfg.fault_kind says when this is the configured rank and step; otherwise do nothing."""
+    if cfg.fault_rank != rank or cfg.fault_step != step:
+        return
+    if cfg.fault_kind == "kill":
+        os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows has no SIGKILL
+    if cfg.fault_kind == "hang":
+        time.sleep(10**6)
+    raise InjectedFault(f"injected fault on rank {rank} at step {step}")
