@@ -99,7 +99,7 @@ class MemoryPeak:
 
 
 def print_table(head: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool) -> None:
-    """Print rows under head: as a Markdown table (for the README) or as aligned columns."""
+    """Print rows under head: as a Markdown table (for docs/benchmarks.md) or as aligned columns."""
     if markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))

@@ -1,4 +1,4 @@
-"""The benchmark scripts still run and print what the README quotes (figures are checked by people, not here)."""
+"""The benchmark scripts still run and print the tables docs/benchmarks.md quotes (people check the figures)."""
 import importlib.util
 import math
 import os
