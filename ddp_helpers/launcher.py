@@ -1,8 +1,11 @@
 """Start N ranks from a notebook or script, watch them, and end them all cleanly whatever happens."""
 from __future__ import annotations
 
+import collections
 import datetime
+import io
 import logging
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -15,13 +18,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
-from ._proc import bind_this_thread, binding_plan, die_with_parent
+from ._boot import rank_main
+from ._proc import bind_this_thread, binding_plan
 from .config import ConfigError, check_address, default_threads, resolve_backend
 
-START_METHODS = ("spawn", "fork")
+START_METHODS = ("auto", "forkserver", "spawn", "fork")
+# What the forkserver imports once, so that each rank it forks starts with torch, torch.distributed and
+# torch._dynamo (which DDP's constructor imports: ~3 s) already loaded; freeze_gc comes last (see there).
+FORKSERVER_PRELOAD = ["ddp_helpers._boot", "ddp_helpers.launcher", "ddp_helpers.worker", "torch.distributed",
+                      "torch._dynamo", "ddp_helpers._freeze_gc"]
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
 COMM_ERROR_MARKERS = ("DistBackendError", "DistNetworkError", "Connection closed", "Connection reset", "Timed out",
@@ -54,6 +61,44 @@ class RankFailedError(RuntimeError):
 def is_comm_error(text: str) -> bool:
     """True when an error's text says a collective or the store lost its peer (a consequence, not a cause)."""
     return any(m in text for m in COMM_ERROR_MARKERS)
+
+
+def _dumps(obj: Any) -> bytes:
+    """Pickle obj for a rank: functions from __main__ (a notebook cell) by value with cloudpickle, torch's
+    shared-memory tensors as handles (multiprocessing's reducers, which torch registers), the rest as pickle does."""
+    import cloudpickle
+    from multiprocessing.reduction import ForkingPickler
+
+    class RankPickler(cloudpickle.Pickler):
+        dispatch_table = collections.ChainMap(ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table)
+
+    buf = io.BytesIO()
+    RankPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+class Deferred:
+    """A value a rank unpickles itself, after its parent watch is running (not in multiprocessing's bootstrap,
+    which would import torch first), and that may hold functions defined in a notebook cell."""
+
+    def __init__(self, value: Any):
+        self.value, self.blob = value, None
+
+    def __reduce__(self):
+        # Called while the process starts (spawn, forkserver), so the tensors' file handles travel with it.
+        return _deferred_from_blob, (_dumps(self.value),)
+
+    def get(self) -> Any:
+        """The value (unpickled on first use)."""
+        if self.blob is not None:
+            self.value, self.blob = pickle.loads(self.blob), None
+        return self.value
+
+
+def _deferred_from_blob(blob: bytes) -> Deferred:
+    d = Deferred(None)
+    d.blob = blob
+    return d
 
 
 # ---------------------------------------------------------------------------------------------- in the child
@@ -106,15 +151,15 @@ def _report_error(results: Any, rank: int, e: BaseException) -> None:
     results.put(("error", rank, payload, tb, f"{type(e).__name__}: {e}"))
 
 
-def _rank_entry(rank: int, fn: Callable, world_size: int, group: Optional[tuple], port_queue: Any, threads: int,
-                results: Any, log_dir: str, fn_args: tuple, plan: Optional[List[List[int]]] = None) -> None:
-    """What each child runs: join the process group (if asked), call fn, report the value or the error."""
-    die_with_parent()
+def rank_entry(rank: int, world_size: int, group: Optional[tuple], port_queue: Any, threads: int, results: Any,
+               log_dir: str, plan: Optional[List[List[int]]], payload: "Deferred") -> None:
+    """What each child runs (after _boot.watch_parent): join the process group if asked, call fn, report back."""
     _quiet_child(os.path.join(log_dir, f"rank{rank}.log"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     code = 0
     try:
+        fn, fn_args = payload.get()
         out = _run_in_group(rank, fn, world_size, group, port_queue, plan, fn_args)
         results.put(("ok", rank, pickle.dumps(out)))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit, to the parent
@@ -155,35 +200,64 @@ def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
         p.join()
 
 
-def check_start_method(start_method: str) -> None:
-    """Refuse a start method that can't work in this process (fork after CUDA, spawn of a script with no file)."""
+def resolve_start_method(start_method: str) -> str:
+    """'auto' -> forkserver where the platform has it (Linux, macOS), else spawn (Windows); others unchanged."""
+    if start_method == "auto":
+        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    return start_method
+
+
+def check_start_method(start_method: str) -> str:
+    """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
     if start_method not in START_METHODS:
         raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
-    if start_method == "fork":
-        if sys.platform == "win32":
-            raise LaunchError("start_method='fork' is not available on Windows; use start_method='spawn' with a "
-                              "function defined in an importable module")
-        if torch.cuda.is_initialized():
-            raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
-                              "forked child can't use it. Restart the kernel and launch before touching CUDA, or use "
-                              "start_method='spawn' with a function from an importable module")
-        return
-    # spawn starts each rank by re-importing the main program: refuse one that has no file to re-import.
+    method = resolve_start_method(start_method)
+    if method not in multiprocessing.get_all_start_methods():
+        raise LaunchError(f"start_method={start_method!r} is not available on {sys.platform}; use "
+                          "start_method='auto' (forkserver where available, else spawn)")
+    if method == "fork" and torch.cuda.is_initialized():
+        raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
+                          "forked child can't use it. Use start_method='auto' (the default), which starts the ranks "
+                          "from a clean server process")
+    if method != "fork":
+        _check_main_module(method)
+    return method
+
+
+def _check_main_module(method: str) -> None:
+    # spawn and forkserver start each rank by re-importing the main program: refuse one with no file to import.
     main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None) is not None:
         return  # python -m package.module: re-imported by name
     path = getattr(main, "__file__", None)  # None in Jupyter, the REPL and python -c: nothing is re-imported
     if path is not None and not os.path.isfile(path):
-        raise LaunchError(f"start_method='spawn' can't start ranks from a program read from {path}: each rank "
-                          "re-imports the main program from its file. Save the code to a file and run that, or use "
-                          "start_method='fork'")
+        raise LaunchError(f"start_method={method!r} can't start ranks from a program read from {path}: each rank "
+                          "re-imports the main program from its file. Save the code to a file and run that")
 
 
-def check_launch(world_size: int, backend: str, start_method: str, host: str, port: int) -> str:
-    """Everything that can be refused before a process starts; returns the resolved backend."""
+def warm_up() -> None:
+    """Start the forkserver now (it imports torch in the background), so the first launch is fast too.
+
+    An explicit call, for a notebook's set-up cell. The server keeps the package as it was imported: after
+    changing ddp_helpers itself, restart the kernel (as after any change to an imported module).
+    """
+    if resolve_start_method("auto") != "forkserver":
+        return
+    _prepare_forkserver()
+    import multiprocessing.forkserver
+
+    multiprocessing.forkserver.ensure_running()
+
+
+def _prepare_forkserver() -> None:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the server starts (once per process)
+
+
+def check_launch(world_size: int, backend: str, host: str, port: int) -> str:
+    """Everything that can be refused before a process starts (but the start method); returns the backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
-    check_start_method(start_method)
     backend = resolve_backend(backend, world_size)
     check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
     return backend
@@ -246,36 +320,66 @@ def _supervise(context: ProcessContext, reports: _Reports, log_dir: str, on_poll
     return reports.outputs
 
 
-def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "spawn",
+def _start_ranks(method: str, world_size: int, child_args: tuple, payload: Deferred, log_dir: str) -> ProcessContext:
+    """Start the rank processes; torch's ProcessContext then watches them (its error files are never written:
+    ranks report through the results queue)."""
+    if method == "fork":
+        # DDP's constructor imports torch._dynamo (~3 s here). Importing it once in the parent means every
+        # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
+        import torch._dynamo  # noqa: F401
+    elif method == "forkserver":
+        _prepare_forkserver()
+    ctx = multiprocessing.get_context(method)
+    procs = []
+    for rank in range(world_size):
+        p = ctx.Process(target=rank_main, args=(rank, *child_args, payload), name=f"ddp_helpers-rank{rank}",
+                        daemon=False)
+        p.start()
+        procs.append(p)
+    return ProcessContext(procs, [os.path.join(log_dir, f"rank{r}.err") for r in range(world_size)])
+
+
+def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
            on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
            bind_cores: Optional[bool] = None, init_group: bool = True) -> List[Any]:
     """Run fn(rank, world_size, *args) on world_size processes in one process group; return each rank's value.
 
-    spawn (the default) pickles fn by name, so fn must live in an importable module; fork copies this process
-    and so also runs functions defined in a notebook cell (refused once CUDA is initialized).
+    start_method="auto" (the default) forks the ranks from a server that has torch imported already (forkserver,
+    Linux and macOS) and uses spawn elsewhere; "spawn" and "fork" are there too. fn may be defined in a notebook
+    cell: it is sent by value (cloudpickle) when it can't be imported by name.
     A rank that fails ends all of them and raises RankFailedError; Ctrl-C ends them all and re-raises.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
     init_group=False starts the ranks without a process group (fn sets one up itself, as an exercise does).
     """
-    backend = check_launch(world_size, backend, start_method, host, port)
-    if start_method == "fork":
-        # DDP's constructor imports torch._dynamo (~3 s here). Importing it once in the parent means every
-        # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
-        import torch._dynamo  # noqa: F401
+    method = check_start_method(start_method)
+    backend = check_launch(world_size, backend, host, port)
     threads = threads_per_rank or default_threads(world_size)
     try:
         plan = binding_plan(world_size, threads, backend, bind_cores) if init_group else None
     except ValueError as e:
         raise LaunchError(f"launch(bind_cores=True) refused: {e}. Use bind_cores=None to bind only when possible, "
                           "or fewer ranks or threads_per_rank") from None
-    ctx_mp = mp.get_context(start_method)
+    ctx_mp = multiprocessing.get_context(method)
     results, port_queue = ctx_mp.SimpleQueue(), ctx_mp.SimpleQueue()
     log_dir = tempfile.mkdtemp(prefix="ddp_helpers-")
     group = (backend, host, timeout_s) if init_group else None
-    child_args = (fn, world_size, group, port_queue, threads, results, log_dir, args, plan)
-    context = mp.start_processes(_rank_entry, args=child_args, nprocs=world_size, join=False,
-                                 start_method=start_method)
+    child_args = (world_size, group, port_queue, threads, results, log_dir, plan)
+    context = _start_ranks(method, world_size, child_args, Deferred((fn, args)), log_dir)
+    try:
+        return _run_job(context, init_group, host, port, timeout_s, world_size, results, log_dir, on_poll, poll_s,
+                        port_queue)
+    finally:
+        _join_all(context.processes, 10.0)  # a rank that reported its value exits at once; one that doesn't ...
+        stop_processes(context.processes)  # ... is ended here: nothing outlives the call
+        results.close()  # release the queues' pipes and locks now, not at interpreter exit
+        port_queue.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _run_job(context: ProcessContext, init_group: bool, host: str, port: int, timeout_s: float, world_size: int,
+             results: Any, log_dir: str, on_poll: Optional[Callable[[], None]], poll_s: float,
+             port_queue: Any) -> List[Any]:
     store = None
     try:
         if init_group:
@@ -292,12 +396,7 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
         stop_processes(context.processes)  # KeyboardInterrupt included: nothing outlives the call
         raise
     finally:
-        _join_all(context.processes, 10.0)  # a rank that reported its value exits at once; one that doesn't ...
-        stop_processes(context.processes)  # ... is ended here: nothing outlives the call
         store = None  # noqa: F841 - frees the port for the next run
-        results.close()  # release the queues' pipes and locks now, not at interpreter exit
-        port_queue.close()
-        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def _killed(first: int, codes: Sequence[Optional[int]], errors: dict) -> Optional[int]:
@@ -331,10 +430,10 @@ def _failure(first: int, codes: Sequence[Optional[int]], reports: _Reports, log_
     if not os.path.exists(os.path.join(log_dir, f"rank{first}.log")):
         # The log is the first thing a rank opens: this one died while Python was still starting it.
         return RankFailedError(first, f"process exited with code {first_code} before it reached the training "
-                                      "function. With start_method='spawn' each rank first re-imports the main "
-                                      "script; a script that starts training at import time, or fails to import, "
-                                      "ends the rank there (its error is printed above). Put the launch under "
-                                      "`if __name__ == \"__main__\":`, or use start_method='fork'", others=others)
+                                      "function. With start_method 'spawn' or 'forkserver' each rank first "
+                                      "re-imports the main script; a script that starts training at import time, "
+                                      "or fails to import, ends the rank there (its error is printed above). Put "
+                                      "the launch under `if __name__ == \"__main__\":`", others=others)
     return RankFailedError(first, f"process exited with code {first_code} without reporting",
                            log_tail=_log_tail(log_dir, first), others=others)
 

@@ -52,13 +52,14 @@ class _Progress:
             self.bar.close()
 
 
-def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = None, start_method: str = "spawn",
+def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = None, start_method: str = "auto",
                  on_progress: Optional[Callable[[List[int], int], None]] = None, **overrides) -> TrainResult:
-    """Train cfg.world_size DDP replicas (torch.multiprocessing spawn) and return their per-step records.
+    """Train cfg.world_size DDP replicas in real processes and return their per-step records.
 
     Settings are checked before anything starts; a failing rank raises RankFailedError whose
-    .partial_result holds every step recorded before the failure. start_method="fork" skips the
-    ~4 s it takes each spawned rank to import torch (refused once CUDA is initialized here).
+    .partial_result holds every step recorded before the failure. start_method="auto" forks the ranks from a
+    server with torch already imported (after the first call a launch takes a fraction of a second);
+    "spawn" starts fresh interpreters as the listing's mp.spawn does (each imports torch: seconds).
     on_progress(steps_done_per_rank, total_steps) is called from this process whenever a rank advances
     (e.g. to drive widgets); it runs between polls, so keep it quick.
     """

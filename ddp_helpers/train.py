@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, type=base, default=f.default)
     p.add_argument("--out", default="runs/latest", help="folder for result.json and the plots")
     p.add_argument("--no-plots", action="store_true", help="write result.json only")
-    p.add_argument("--start-method", choices=("spawn", "fork"), default="spawn",
-                   help="how to start the ranks (ignored under torchrun); fork skips each rank's torch import")
+    p.add_argument("--start-method", choices=("auto", "forkserver", "spawn", "fork"), default="auto",
+                   help="how to start the ranks (ignored under torchrun); auto = forkserver where available, else spawn")
     return p
 
 
