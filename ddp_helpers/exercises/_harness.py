@@ -12,15 +12,17 @@ import linecache
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
+import torch
 
 from ..config import ConfigError
 from ..launcher import LaunchError, RankFailedError, is_comm_error, launch
 
 # The learner's functions live in notebook cells, so the ranks are forked: spawn would have to import the
 # function by name from a module, while fork copies the whole kernel, cell-defined functions included.
+# Every check launches through run_ranks, so this is the one place that says so.
 START_METHOD = "fork"
 CHECK_TIMEOUT_S = 40.0  # a whole check; a learner's deadlock ends here at the latest
 COLLECTIVE_TIMEOUT_S = 8.0  # a rank waiting in a collective its peer never joins fails after this long
@@ -87,6 +89,22 @@ class Mistake(Exception):
         self.mistake, self.hint = mistake, hint
 
 
+class RankReport(Exception):
+    """Raised by a rank to end the whole launch now with its report, e.g. a mistake its peers would wait on."""
+
+    # launch ends every rank when one raises and hands the parent this exception, pickled, as the failure's
+    # `original`; run_ranks turns it back into the report.
+
+    def __init__(self, out: Dict[str, Any]):
+        super().__init__(out)  # the only argument, so that unpickling rebuilds it
+        self.out = out
+
+    def __str__(self) -> str:
+        # No communication-error words here: launch must take this for the rank's own failure (the one it names),
+        # not for a consequence of a lost peer.
+        return f"the rank reported {self.out['call']['status']!r} early"
+
+
 # ---------------------------------------------------------------------------------------- turning a check
 def _is_blank(fn: Callable) -> bool:
     """True for a function whose body is only `...`, `pass` and/or a docstring."""
@@ -98,6 +116,7 @@ def _is_blank(fn: Callable) -> bool:
 
 
 def _run_checked(exercise: str, body: Callable[[], str], student_fn: Any, quiet: bool) -> CheckResult:
+    """Refuse a non-function or an empty body, run the check's body, print and return its result."""
     try:
         if not callable(student_fn):
             raise fail("not_callable", f"pass your function itself (e.g. check(my_function)), not "
@@ -140,6 +159,13 @@ def _where(exc: BaseException, fn: Callable) -> str:
     return found
 
 
+def error_report(e: BaseException, fn: Callable) -> Dict[str, Any]:
+    """An error raised in a rank as data: type, first line, where in fn, and whether it only says a peer was lost."""
+    text = str(e).strip()
+    return {"status": "error", "type": type(e).__name__, "message": text.splitlines()[0][:300] if text else "",
+            "where": _where(e, fn), "comm": is_comm_error(f"{type(e).__name__}: {e}")}
+
+
 def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
     """Run the learner's function inside a rank; turn whatever it raises into data the parent can judge."""
     try:
@@ -149,9 +175,7 @@ def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
     except Mistake as e:
         return {"status": "mistake", "mistake": e.mistake, "hint": e.hint}
     except Exception as e:  # noqa: BLE001 - any error of the learner's code becomes a hint, not a traceback
-        return {"status": "error", "type": type(e).__name__, "message": str(e).strip().splitlines()[0][:300]
-                if str(e).strip() else "", "where": _where(e, fn),
-                "comm": is_comm_error(f"{type(e).__name__}: {e}")}
+        return error_report(e, fn)
 
 
 def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
@@ -165,6 +189,10 @@ def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------- in the parent
+class _CheckDeadline(Exception):
+    """Raised by _Deadline through launch's on_poll: the check ran past CHECK_TIMEOUT_S."""
+
+
 class _Deadline:
     """on_poll callback for launch: ends a check that takes too long (a deadlock in the learner's code)."""
 
@@ -173,7 +201,7 @@ class _Deadline:
 
     def __call__(self) -> None:
         if time.monotonic() > self.end:
-            raise TimeoutError("check deadline")
+            raise _CheckDeadline()
 
 
 def timeout_verdict() -> Verdict:
@@ -183,34 +211,47 @@ def timeout_verdict() -> Verdict:
                            "`if rank == 0:`). Every rank must call the same collectives in the same order.")
 
 
-def run_ranks(harness: Callable, world_size: int, args: tuple) -> List[Dict[str, Any]]:
-    """Run harness(rank, world_size, *args) on real forked ranks in a gloo group; return the per-rank dicts."""
+def run_ranks(harness: Callable, world_size: int, args: tuple,
+              init_group: bool = True) -> List[Optional[Dict[str, Any]]]:
+    """Run harness(rank, world_size, *args) on real forked ranks (in one gloo group if init_group); their dicts."""
+    # A rank that raises RankReport ends the launch early: its dict comes back, None for every other rank.
+    if START_METHOD == "fork" and torch.cuda.is_initialized():  # said for learners, before launch refuses it
+        raise fail("cannot_launch", "CUDA is initialized in this kernel, so forked ranks can't start: restart the "
+                                    "kernel and run the exercises before touching CUDA.")
     try:
-        return launch(harness, world_size=world_size, args=args, backend="gloo", start_method=START_METHOD,
-                      timeout_s=COLLECTIVE_TIMEOUT_S, threads_per_rank=1, on_poll=_Deadline(CHECK_TIMEOUT_S))
-    except TimeoutError:
+        outs = launch(harness, world_size=world_size, args=args, backend="gloo", start_method=START_METHOD,
+                      timeout_s=COLLECTIVE_TIMEOUT_S, threads_per_rank=1, on_poll=_Deadline(CHECK_TIMEOUT_S),
+                      init_group=init_group)
+    except _CheckDeadline:
         raise timeout_verdict() from None
     except (LaunchError, ConfigError) as e:
         raise fail("cannot_launch", f"the check could not start its processes: {e}") from None
     except RankFailedError as e:
+        if isinstance(e.original, RankReport):
+            return [e.original.out if r == e.rank else None for r in range(world_size)]
         raise fail("rank_died", f"rank {e.rank}'s process ended before reporting ({e.message}): does your "
                                 "function call exit(), os._exit() or destroy the process group?") from None
+    silent = [r for r, out in enumerate(outs) if out is None]  # the process exited with 0 but returned nothing
+    if silent:
+        raise fail("rank_died", f"rank {silent[0]}'s process ended without reporting: does your function call "
+                                "exit() or os._exit()?")
+    return outs
 
 
-def student_outcomes(outs: Sequence[Dict[str, Any]], key: str = "call") -> List[Dict[str, Any]]:
-    """The learner's call on each rank; raises the verdict for a blank, a known mistake or an error."""
-    calls = [o[key] for o in outs]
-    if any(c["status"] == NOT_DONE for c in calls):
+def student_outcomes(outs: Sequence[Optional[Dict[str, Any]]], key: str = "call") -> List[Dict[str, Any]]:
+    """The learner's call on each rank that reported; raises the verdict for a blank, a known mistake or an error."""
+    calls = {r: o[key] for r, o in enumerate(outs) if o is not None}
+    if any(c["status"] == NOT_DONE for c in calls.values()):
         raise fail(NOT_DONE, NOT_DONE_HINT)
-    for c in calls:
+    for c in calls.values():
         if c["status"] == "mistake":
             raise fail(c["mistake"], c["hint"])
-    errors = {r: c for r, c in enumerate(calls) if c["status"] == "error"}
+    errors = {r: c for r, c in calls.items() if c["status"] == "error"}
     if errors:
         own = {r: c for r, c in errors.items() if not c["comm"]}
         if not own:  # only lost peers: someone waited in a collective the others never joined
             r = min(errors)
-            others = [x for x in range(len(calls)) if x not in errors]
+            others = [x for x in range(len(outs)) if x not in errors]
             who = f"rank {others[0]}" if others else "another rank"
             raise fail("collective_mismatch",
                        f"rank {r} waited in a collective that {who} never joined: every rank must call the same "
@@ -219,7 +260,7 @@ def student_outcomes(outs: Sequence[Dict[str, Any]], key: str = "call") -> List[
         r = min(own)
         c = own[r]
         raise fail("error", f"your function raised {c['type']} on rank {r}{c['where']}: {c['message']}")
-    return calls
+    return list(calls.values())
 
 
 def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Callable) -> None:

@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import multiprocessing
-import multiprocessing.connection
 import os
 import socket
-import time
 import urllib.parse
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .._proc import die_with_parent
 from ..config import free_port
-from ..launcher import is_comm_error, stop_processes
-from ._harness import (CHECK_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, Mistake, call_student, exercise, fail, student_outcomes,
-                       swap_globals, timeout_verdict)
+from ._harness import (COLLECTIVE_TIMEOUT_S, Mistake, RankReport, call_student, error_report, exercise, fail,
+                       run_ranks, student_outcomes, swap_globals)
+
+WORLD_SIZE = 2
+PORT_ATTEMPTS = 3  # the free port we picked can be taken by another program before rank 0 binds it
 
 Problem = Tuple[str, str]  # (mistake code, hint)
 
@@ -100,7 +98,7 @@ def _init_problem(a: Dict[str, Any], rank: int, world_size: int, port: int) -> O
     return _address_problem(a.get("init_method"), port)
 
 
-def _in_rank(rank: int, world_size: int, student_fn: Callable, port: int) -> Dict[str, Any]:
+def _watch_and_test(rank: int, world_size: int, student_fn: Callable, port: int) -> Dict[str, Any]:
     """In a rank with no process group yet: watch the learner's init_process_group call, then test the group."""
     original = dist.init_process_group
     signature = inspect.signature(original)
@@ -130,57 +128,16 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable, port: int) -> Dic
     return out
 
 
-def _bare_entry(rank: int, world_size: int, harness: Callable, args: tuple, results: Any) -> None:
-    """A forked rank without a process group (the learner creates it); reports one dict, then exits."""
-    die_with_parent()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)  # a rank never prints into the notebook (its C++ log lines included)
-    os.dup2(devnull, 2)
-    torch.set_num_threads(1)
+def _in_rank(rank: int, world_size: int, student_fn: Callable, port: int) -> Dict[str, Any]:
+    """In each rank: the learner's call and the test of its group; a problem ends all the ranks at once."""
     try:
-        out = harness(rank, world_size, *args)
-    except BaseException as e:  # noqa: BLE001 - report, never print
-        out = {"call": {"status": "error", "type": type(e).__name__, "message": str(e)[:300], "where": "",
-                        "comm": is_comm_error(str(e))}}
-    results.put((rank, out))
-    os._exit(0)  # skip interpreter teardown: a half-made group can hang in destructors
-
-
-def _run_without_group(harness: Callable, world_size: int, args: tuple) -> List[Optional[Dict[str, Any]]]:
-    """Fork world_size ranks with no process group; stop early when one reports a problem."""
-    if torch.cuda.is_initialized():
-        raise fail("cannot_launch", "CUDA is initialized in this kernel, so forked ranks can't start: restart the "
-                                    "kernel and run the exercises before touching CUDA.")
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_bare_entry, args=(r, world_size, harness, args, results), daemon=True)
-             for r in range(world_size)]
-    outs: List[Optional[Dict[str, Any]]] = [None] * world_size
-    deadline = time.monotonic() + CHECK_TIMEOUT_S
-    try:
-        for p in procs:
-            p.start()
-        while any(o is None for o in outs):
-            if time.monotonic() > deadline:
-                raise timeout_verdict()
-            multiprocessing.connection.wait([results._reader] + [p.sentinel for p in procs], 0.05)
-            while not results.empty():
-                r, out = results.get()
-                outs[r] = out
-            if any(o is not None and o["call"]["status"] != "ok" for o in outs):
-                break  # one rank's mistake is enough; the others may be waiting for it at the rendezvous
-            if any(p.exitcode is not None and outs[r] is None for r, p in enumerate(procs)):
-                time.sleep(0.2)  # its report may still be in the pipe
-                while not results.empty():
-                    r, out = results.get()
-                    outs[r] = out
-                if any(p.exitcode is not None and outs[r] is None for r, p in enumerate(procs)):
-                    dead = next(r for r, p in enumerate(procs) if p.exitcode is not None and outs[r] is None)
-                    raise fail("rank_died", f"rank {dead}'s process ended without reporting: does your function "
-                                            "call exit() or os._exit()?")
-    finally:
-        stop_processes(procs, grace_s=1.0)
-    return outs
+        out = _watch_and_test(rank, world_size, student_fn, port)
+    except BaseException as e:  # noqa: BLE001 - e.g. SystemExit, or our all_reduce over a broken group: a report
+        out = {"call": error_report(e, student_fn)}
+    if out["call"]["status"] != "ok":
+        # One rank's mistake is enough, and its peers may be waiting for it at the rendezvous until their timeout.
+        raise RankReport(out)
+    return out
 
 
 def _port_taken(outs: Sequence[Optional[Dict[str, Any]]]) -> bool:
@@ -189,18 +146,21 @@ def _port_taken(outs: Sequence[Optional[Dict[str, Any]]]) -> bool:
                o["call"]["message"].lower() for o in outs)
 
 
+def _run_on_a_free_port(student_fn: Callable) -> List[Optional[Dict[str, Any]]]:
+    """The ranks' reports (None for a rank stopped early); on a new port if another program took ours."""
+    for _attempt in range(PORT_ATTEMPTS):
+        outs = run_ranks(_in_rank, WORLD_SIZE, (student_fn, free_port()), init_group=False)
+        if not _port_taken(outs):
+            break
+    return outs
+
+
 @exercise("init_group")
 def check_init_group(student_fn: Callable) -> str:
     """Exercise 1: init_group(rank, world_size, port) must join a gloo process group that meets on `port`."""
-    world_size = 2
-    for _attempt in range(3):  # the free port we picked can be taken by another program before rank 0 binds it
-        outs = _run_without_group(_in_rank, world_size, (student_fn, free_port()))
-        if not _port_taken(outs):
-            break
-    reported = [o for o in outs if o is not None]
-    student_outcomes(reported)
-    if len(reported) < world_size:
-        raise fail("error", "a rank did not finish its check")  # not reached: the loop waits for all
+    world_size = WORLD_SIZE
+    outs = _run_on_a_free_port(student_fn)
+    student_outcomes(outs)  # a rank stopped early (None) means another reported a problem: this raises its verdict
     for r, o in enumerate(outs):
         if not o["initialized"]:
             if o["called"]:
