@@ -105,7 +105,7 @@ class RankReport(Exception):
         return f"the rank reported {self.out['call']['status']!r} early"
 
 
-# ---------------------------------------------------------------------------------------- turning a check
+# ---------------------------------------------------------------------------------------------- making a check
 def _is_blank(fn: Callable) -> bool:
     """True for a function whose body is only `...`, `pass` and/or a docstring."""
     code = getattr(fn, "__code__", None)
@@ -146,7 +146,7 @@ def exercise(name: str) -> Callable[[Callable[[Callable], str]], Callable[..., C
     return deco
 
 
-# ------------------------------------------------------------------------------------------- inside a rank
+# ----------------------------------------------------------------------------------------------- inside a rank
 def _where(exc: BaseException, fn: Callable) -> str:
     """' at `<source line>`' for the deepest frame of the learner's function in exc's traceback, else ''."""
     code = getattr(fn, "__code__", None)
@@ -188,7 +188,7 @@ def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
             g[k] = replacement
 
 
-# ------------------------------------------------------------------------------------------- in the parent
+# ----------------------------------------------------------------------------------------------- in the parent
 class _CheckDeadline(Exception):
     """Raised by _Deadline through launch's on_poll: the check ran past CHECK_TIMEOUT_S."""
 
@@ -276,7 +276,7 @@ def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Ca
         raise verdict
 
 
-# ------------------------------------------------------------------------------------------ comparisons
+# ------------------------------------------------------------------------------------------------- comparisons
 def fmt(a: Any) -> str:
     """Short, rounded, deterministic text for a small array."""
     arr = np.asarray(a, dtype=np.float64).ravel()
