@@ -178,6 +178,21 @@ def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
         return error_report(e, fn)
 
 
+def call_cases(fn: Callable, cases: Dict[str, tuple], report: Callable[[Any], Dict[str, Any]]) -> Dict[str, Any]:
+    """In a rank: fn(*args) for each case, report(value) on success, until one fails; "call" holds the outcome."""
+    out: Dict[str, Any] = {}
+    for key, args in cases.items():
+        call = call_student(fn, *args)
+        if call["status"] == "ok":
+            call = report(call["value"])
+        out[key] = call
+        if call["status"] != "ok":
+            out["call"] = call
+            return out
+    out["call"] = {"status": "ok"}
+    return out
+
+
 def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
     """Inside a forked rank only: names in fn's module bound to `original` now point at `replacement`."""
     g = getattr(fn, "__globals__", None)

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ._harness import Verdict, call_student, exercise, fail, run_ranks, student_outcomes
+from ._harness import Verdict, call_cases, exercise, fail, run_ranks, student_outcomes
 
 LOADER_N, LOADER_BATCH = 40, 4
 
@@ -33,17 +33,9 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
     """In each rank: the learner's loader for epochs 0, 1 and 0 again (stopping at the first failing call)."""
     # Each sample's label is its own index, so the batches say exactly which samples a rank saw.
     dataset = TensorDataset(torch.arange(LOADER_N, dtype=torch.float32).unsqueeze(1), torch.arange(LOADER_N))
-    out: Dict[str, Any] = {}
-    for key, epoch in (("e0", 0), ("e1", 1), ("e0_again", 0)):
-        call = call_student(student_fn, dataset, rank, world_size, LOADER_BATCH, epoch)
-        if call["status"] == "ok":
-            call = _describe(call["value"])
-        out[key] = call
-        if call["status"] != "ok":
-            out["call"] = call
-            return out
-    out["call"] = {"status": "ok"}
-    return out
+    epochs = {"e0": 0, "e1": 1, "e0_again": 0}
+    args = {key: (dataset, rank, world_size, LOADER_BATCH, epoch) for key, epoch in epochs.items()}
+    return call_cases(student_fn, args, _describe)
 
 
 def _check_samplers(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]], world_size: int) -> None:

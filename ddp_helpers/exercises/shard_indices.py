@@ -6,30 +6,26 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 import torch
 
-from ._harness import call_student, exercise, fail, run_ranks, student_outcomes
+from ._harness import call_cases, exercise, fail, run_ranks, student_outcomes
 
 SHARD_SEED = 7
+
+
+def _indices(value: Any) -> Dict[str, Any]:
+    """In a rank: the report for one returned shard, as a list of ints."""
+    try:
+        return {"status": "ok", "value": [int(i) for i in torch.as_tensor(value).reshape(-1).tolist()]}
+    except (TypeError, ValueError, RuntimeError):
+        return {"status": "mistake", "mistake": "not_indices",
+                "hint": f"return a list (or tensor) of ints, not {type(value).__name__}."}
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
     """In each rank: the learner's indices for each case (stopping at the first failing call)."""
     cases = {"n12_e0": (12, 0, SHARD_SEED), "n12_e1": (12, 1, SHARD_SEED), "n12_e0_again": (12, 0, SHARD_SEED),
-             "n12_seed": (12, 0, SHARD_SEED + 100), "n11_e0": (11, 0, SHARD_SEED)}
-    out: Dict[str, Any] = {}
-    for key, (n, epoch, seed) in cases.items():
-        call = call_student(student_fn, n, rank, world_size, epoch, seed)
-        if call["status"] == "ok":
-            try:
-                call["value"] = [int(i) for i in torch.as_tensor(call["value"]).reshape(-1).tolist()]
-            except (TypeError, ValueError, RuntimeError):
-                call = {"status": "mistake", "mistake": "not_indices",
-                        "hint": f"return a list (or tensor) of ints, not {type(call['value']).__name__}."}
-        out[key] = call
-        if call["status"] != "ok":
-            out["call"] = call
-            return out
-    out["call"] = {"status": "ok"}
-    return out
+             "n12_seed": (12, 0, SHARD_SEED + 100), "n11_e0": (11, 0, SHARD_SEED)}  # (n, epoch, seed)
+    args = {key: (n, rank, world_size, epoch, seed) for key, (n, epoch, seed) in cases.items()}
+    return call_cases(student_fn, args, _indices)
 
 
 def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
