@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,24 @@ def test_an_unexpected_error_is_named_with_its_line(capsys):
     assert result.mistake == "error"
     assert "AttributeError on rank 0 at `return value.no_such_method()`" in result.hint
     assert "Traceback" not in capsys.readouterr().out
+
+
+def test_one_ranks_mistake_ends_init_group_at_once():
+    """Rank 1's wrong rank is named before the rendezvous; rank 0, already waiting there (20 s timeout), is ended."""
+    wrong = next(w for w in WRONG if (w.exercise, w.mistake) == ("init_group", "wrong_rank"))
+    start = time.monotonic()
+    result = EXERCISES["init_group"](wrong.fn, quiet=True)
+    assert result.mistake == "wrong_rank"
+    assert time.monotonic() - start < 10, "the check waited for rank 0's rendezvous timeout"
+
+
+@pytest.mark.parametrize("name", ["init_group", "global_mean"])
+def test_a_function_that_ends_its_process_is_named(name):
+    def ends_the_process(*args):
+        os._exit(0)
+
+    result = EXERCISES[name](ends_the_process, quiet=True)
+    assert result.mistake == "rank_died" and "os._exit()" in result.hint, result.message
 
 
 def test_checks_leave_the_callers_random_state_alone():

@@ -62,3 +62,10 @@ def test_public_api_names_resolve():
 
     for name in ddp_helpers.__all__:
         assert getattr(ddp_helpers, name) is not None, name
+
+
+def test_every_subpackage_is_listed_for_the_wheel():
+    """[tool.setuptools] packages is an explicit list: a subpackage missing there is silently left out of the wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "ddp_helpers").rglob("__init__.py")}
+    assert found == listed, f"pyproject.toml [tool.setuptools] packages should be {sorted(found)}"

@@ -1,0 +1,35 @@
+"""Exercise checks: run a learner's function on real ranks, compare with a reference, and name the mistake.
+
+Each ``check_*`` function takes the learner's function, runs it on 2 (sometimes 3) real processes, prints one
+line (PASS, NOT DONE YET, or TRY AGAIN with a hint) and returns a :class:`CheckResult`. One module per
+exercise holds its check; ``_harness`` holds what they share (running the ranks, judging their reports).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from ._harness import NOT_DONE, CheckResult, summarize
+from .accumulation import check_accumulation_step
+from .average_gradients import check_average_gradients
+from .global_mean import check_global_mean
+from .init_group import check_init_group
+from .make_loader import check_make_loader
+from .save_checkpoint import check_save_checkpoint
+from .shard_indices import check_shard_indices
+
+# In the notebook's order; the keys are the names of the functions the learner writes.
+EXERCISES: Dict[str, Callable[..., CheckResult]] = {
+    "init_group": check_init_group,
+    "global_mean": check_global_mean,
+    "shard_indices": check_shard_indices,
+    "make_loader": check_make_loader,
+    "average_gradients": check_average_gradients,
+    "accumulation_step": check_accumulation_step,
+    "save_checkpoint": check_save_checkpoint,
+}
+
+__all__ = [
+    "EXERCISES", "NOT_DONE", "CheckResult", "check_accumulation_step", "check_average_gradients",
+    "check_global_mean", "check_init_group", "check_make_loader", "check_save_checkpoint", "check_shard_indices",
+    "summarize",
+]

@@ -1,0 +1,313 @@
+"""What every exercise check shares: the result and its verdicts, the learner's call inside a rank, the launch.
+
+A check runs the learner's function on real ranks. Inside a rank nothing is printed (the launcher sends the
+output to a log file), so each rank returns what the check needs as a dict, and the check judges it here, in
+the parent: it raises a :class:`Verdict` for the first problem found, or returns the text of its PASS line.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import linecache
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..config import ConfigError
+from ..launcher import LaunchError, RankFailedError, is_comm_error, launch
+
+# The learner's functions live in notebook cells, so the ranks are forked: spawn would have to import the
+# function by name from a module, while fork copies the whole kernel, cell-defined functions included.
+# Every check launches through run_ranks, so this is the one place that says so.
+START_METHOD = "fork"
+CHECK_TIMEOUT_S = 40.0  # a whole check; a learner's deadlock ends here at the latest
+COLLECTIVE_TIMEOUT_S = 8.0  # a rank waiting in a collective its peer never joins fails after this long
+
+NOT_DONE = "not_done"
+NOT_DONE_HINT = "replace the `raise NotImplementedError(...)` line with your code, then run this cell again."
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one check: passed, the hint (or what was verified), and a short code naming the mistake."""
+
+    exercise: str
+    passed: bool
+    hint: str
+    mistake: str = ""  # "" when passed, NOT_DONE for a blank, else a code such as "no_divide"
+
+    @property
+    def done(self) -> bool:
+        """False while the function is still the blank."""
+        return self.mistake != NOT_DONE
+
+    @property
+    def message(self) -> str:
+        """The line the check prints."""
+        if self.passed:
+            return f"PASS  {self.exercise}: {self.hint}"
+        if self.mistake == NOT_DONE:
+            return f"NOT DONE YET  {self.exercise}: {self.hint}"
+        return f"TRY AGAIN  {self.exercise}: {self.hint}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def summarize(results: Sequence[CheckResult]) -> str:
+    """One line per exercise plus a total, e.g. for the end of the exercise notebook."""
+    lines = []
+    for r in results:
+        state = "done" if r.passed else ("not started" if r.mistake == NOT_DONE else "try again")
+        lines.append(f"{r.exercise:<18} {state}")
+    lines.append(f"{sum(r.passed for r in results)} of {len(results)} exercises pass")
+    return "\n".join(lines)
+
+
+class Verdict(Exception):
+    """Raised anywhere inside a check (in the parent) to end it with this outcome."""
+
+    def __init__(self, mistake: str, hint: str, passed: bool = False):
+        super().__init__(hint)
+        self.mistake, self.hint, self.passed = mistake, hint, passed
+
+
+def fail(mistake: str, hint: str) -> Verdict:
+    """The verdict for a mistake: `raise fail(...)`, or return it from a diagnosis."""
+    return Verdict(mistake, hint)
+
+
+class Mistake(Exception):
+    """Raised inside a rank by an instrumented call that has already seen the mistake (e.g. a wrong rank)."""
+
+    def __init__(self, mistake: str, hint: str):
+        super().__init__(hint)
+        self.mistake, self.hint = mistake, hint
+
+
+class RankReport(Exception):
+    """Raised by a rank to end the whole launch now with its report, e.g. a mistake its peers would wait on."""
+
+    # launch ends every rank when one raises and hands the parent this exception, pickled, as the failure's
+    # `original`; run_ranks turns it back into the report.
+
+    def __init__(self, out: Dict[str, Any]):
+        super().__init__(out)  # the only argument, so that unpickling rebuilds it
+        self.out = out
+
+    def __str__(self) -> str:
+        # No communication-error words here: launch must take this for the rank's own failure (the one it names),
+        # not for a consequence of a lost peer.
+        return f"the rank reported {self.out['call']['status']!r} early"
+
+
+# ---------------------------------------------------------------------------------------------- making a check
+def _is_blank(fn: Callable) -> bool:
+    """True for a function whose body is only `...`, `pass` and/or a docstring."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def _run_checked(exercise: str, body: Callable[[], str], student_fn: Any, quiet: bool) -> CheckResult:
+    """Refuse a non-function or an empty body, run the check's body, print and return its result."""
+    try:
+        if not callable(student_fn):
+            raise fail("not_callable", f"pass your function itself (e.g. check(my_function)), not "
+                                       f"{type(student_fn).__name__}")
+        if _is_blank(student_fn):
+            raise fail(NOT_DONE, "the function body is still empty: write your code in it, then run this cell "
+                                 "again.")
+        result = CheckResult(exercise, True, body())
+    except Verdict as v:
+        result = CheckResult(exercise, v.passed, v.hint, "" if v.passed else v.mistake)
+    if not quiet:
+        print(result.message)
+    return result
+
+
+def exercise(name: str) -> Callable[[Callable[[Callable], str]], Callable[..., CheckResult]]:
+    """Decorator: turn a body (raising Verdict, returning a PASS text) into a printing, CheckResult check."""
+
+    def deco(body: Callable[[Callable], str]) -> Callable[..., CheckResult]:
+        @functools.wraps(body)
+        def check(student_fn: Callable, quiet: bool = False) -> CheckResult:
+            return _run_checked(name, lambda: body(student_fn), student_fn, quiet)
+
+        check.exercise = name  # type: ignore[attr-defined]
+        return check
+
+    return deco
+
+
+# ----------------------------------------------------------------------------------------------- inside a rank
+def _where(exc: BaseException, fn: Callable) -> str:
+    """' at `<source line>`' for the deepest frame of the learner's function in exc's traceback, else ''."""
+    code = getattr(fn, "__code__", None)
+    found = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if code is not None and frame.f_code.co_filename == code.co_filename:
+            line = linecache.getline(frame.f_code.co_filename, lineno).strip()
+            if line:
+                found = f" at `{line}`"
+    return found
+
+
+def error_report(e: BaseException, fn: Callable) -> Dict[str, Any]:
+    """An error raised in a rank as data: type, first line, where in fn, and whether it only says a peer was lost."""
+    text = str(e).strip()
+    return {"status": "error", "type": type(e).__name__, "message": text.splitlines()[0][:300] if text else "",
+            "where": _where(e, fn), "comm": is_comm_error(f"{type(e).__name__}: {e}")}
+
+
+def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
+    """Run the learner's function inside a rank; turn whatever it raises into data the parent can judge."""
+    try:
+        return {"status": "ok", "value": fn(*args)}
+    except NotImplementedError:
+        return {"status": NOT_DONE}
+    except Mistake as e:
+        return {"status": "mistake", "mistake": e.mistake, "hint": e.hint}
+    except Exception as e:  # noqa: BLE001 - any error of the learner's code becomes a hint, not a traceback
+        return error_report(e, fn)
+
+
+def call_cases(fn: Callable, cases: Dict[str, tuple], report: Callable[[Any], Dict[str, Any]]) -> Dict[str, Any]:
+    """In a rank: fn(*args) for each case, report(value) on success, until one fails; "call" holds the outcome."""
+    out: Dict[str, Any] = {}
+    for key, args in cases.items():
+        call = call_student(fn, *args)
+        if call["status"] == "ok":
+            call = report(call["value"])
+        out[key] = call
+        if call["status"] != "ok":
+            out["call"] = call
+            return out
+    out["call"] = {"status": "ok"}
+    return out
+
+
+def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
+    """Inside a forked rank only: names in fn's module bound to `original` now point at `replacement`."""
+    g = getattr(fn, "__globals__", None)
+    if not isinstance(g, dict):
+        return
+    for k, v in list(g.items()):
+        if v is original:
+            g[k] = replacement
+
+
+# ----------------------------------------------------------------------------------------------- in the parent
+class _CheckDeadline(Exception):
+    """Raised by _Deadline through launch's on_poll: the check ran past CHECK_TIMEOUT_S."""
+
+
+class _Deadline:
+    """on_poll callback for launch: ends a check that takes too long (a deadlock in the learner's code)."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def __call__(self) -> None:
+        if time.monotonic() > self.end:
+            raise _CheckDeadline()
+
+
+def timeout_verdict() -> Verdict:
+    """The verdict for a check that ran past CHECK_TIMEOUT_S."""
+    return fail("timeout", f"your function did not finish within {CHECK_TIMEOUT_S:.0f} s on every rank: a "
+                           "collective that only some ranks call waits forever (e.g. an all_reduce inside "
+                           "`if rank == 0:`). Every rank must call the same collectives in the same order.")
+
+
+def run_ranks(harness: Callable, world_size: int, args: tuple,
+              init_group: bool = True) -> List[Optional[Dict[str, Any]]]:
+    """Run harness(rank, world_size, *args) on real forked ranks (in one gloo group if init_group); their dicts."""
+    # A rank that raises RankReport ends the launch early: its dict comes back, None for every other rank.
+    if START_METHOD == "fork" and torch.cuda.is_initialized():  # said for learners, before launch refuses it
+        raise fail("cannot_launch", "CUDA is initialized in this kernel, so forked ranks can't start: restart the "
+                                    "kernel and run the exercises before touching CUDA.")
+    try:
+        outs = launch(harness, world_size=world_size, args=args, backend="gloo", start_method=START_METHOD,
+                      timeout_s=COLLECTIVE_TIMEOUT_S, threads_per_rank=1, on_poll=_Deadline(CHECK_TIMEOUT_S),
+                      init_group=init_group)
+    except _CheckDeadline:
+        raise timeout_verdict() from None
+    except (LaunchError, ConfigError) as e:
+        raise fail("cannot_launch", f"the check could not start its processes: {e}") from None
+    except RankFailedError as e:
+        if isinstance(e.original, RankReport):
+            return [e.original.out if r == e.rank else None for r in range(world_size)]
+        raise fail("rank_died", f"rank {e.rank}'s process ended before reporting ({e.message}): does your "
+                                "function call exit(), os._exit() or destroy the process group?") from None
+    silent = [r for r, out in enumerate(outs) if out is None]  # the process exited with 0 but returned nothing
+    if silent:
+        raise fail("rank_died", f"rank {silent[0]}'s process ended without reporting: does your function call "
+                                "exit() or os._exit()?")
+    return outs
+
+
+def student_outcomes(outs: Sequence[Optional[Dict[str, Any]]], key: str = "call") -> List[Dict[str, Any]]:
+    """The learner's call on each rank that reported; raises the verdict for a blank, a known mistake or an error."""
+    calls = {r: o[key] for r, o in enumerate(outs) if o is not None}
+    if any(c["status"] == NOT_DONE for c in calls.values()):
+        raise fail(NOT_DONE, NOT_DONE_HINT)
+    for c in calls.values():
+        if c["status"] == "mistake":
+            raise fail(c["mistake"], c["hint"])
+    errors = {r: c for r, c in calls.items() if c["status"] == "error"}
+    if errors:
+        own = {r: c for r, c in errors.items() if not c["comm"]}
+        if not own:  # only lost peers: someone waited in a collective the others never joined
+            r = min(errors)
+            others = [x for x in range(len(outs)) if x not in errors]
+            who = f"rank {others[0]}" if others else "another rank"
+            raise fail("collective_mismatch",
+                       f"rank {r} waited in a collective that {who} never joined: every rank must call the same "
+                       "collectives (all_reduce, barrier, ...) in the same order, e.g. no all_reduce inside "
+                       "`if rank == 0:`.")
+        r = min(own)
+        c = own[r]
+        raise fail("error", f"your function raised {c['type']} on rank {r}{c['where']}: {c['message']}")
+    return list(calls.values())
+
+
+def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Callable) -> None:
+    """Run on 2 ranks, then on 3: an answer right on 2 but wrong on 3 has the world size hard-coded."""
+    verdict = diagnose(run_ranks(harness, 2, (student_fn,)), 2)
+    if verdict is not None:
+        raise verdict
+    verdict = diagnose(run_ranks(harness, 3, (student_fn,)), 3)
+    if verdict is not None:
+        if verdict.mistake in ("no_divide", "divided_twice", "wrong_value"):
+            raise fail("hardcoded_world_size", "right on 2 ranks but wrong on 3: divide by dist.get_world_size(), "
+                                               "not a fixed 2.")
+        raise verdict
+
+
+# ------------------------------------------------------------------------------------------------- comparisons
+def fmt(a: Any) -> str:
+    """Short, rounded, deterministic text for a small array."""
+    arr = np.asarray(a, dtype=np.float64).ravel()
+    return "[" + ", ".join(f"{x:.4g}" for x in arr[:6]) + (", ..." if arr.size > 6 else "") + "]"
+
+
+def close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-7) -> bool:
+    """Same shape and element-wise equal up to float32 rounding."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=atol))
+
+
+def rel_close(a: Any, b: Any, tol: float = 2e-3) -> bool:
+    """Equal up to float32 rounding amplified by a subtraction: relative error of the whole vector."""
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        return False
+    scale = max(np.linalg.norm(b), 1e-12)
+    return bool(np.linalg.norm(a - b) / scale < tol)

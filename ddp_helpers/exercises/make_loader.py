@@ -1,0 +1,102 @@
+"""Exercise 4, make_loader(dataset, rank, world_size, batch_size, epoch): DistributedSampler and set_epoch."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from ._harness import Verdict, call_cases, exercise, fail, run_ranks, student_outcomes
+
+LOADER_N, LOADER_BATCH = 40, 4
+
+
+def _describe(loader: Any) -> Dict[str, Any]:
+    """In a rank: the call's report for the returned loader, its sampler's settings and the batches it yields."""
+    if not isinstance(loader, DataLoader):
+        return {"status": "mistake", "mistake": "not_a_loader",
+                "hint": f"return the DataLoader, not {type(loader).__name__}."}
+    sampler = loader.sampler
+    info: Dict[str, Any] = {"sampler": type(sampler).__name__, "distributed": isinstance(sampler, DistributedSampler)}
+    if info["distributed"]:
+        info.update(rank=sampler.rank, num_replicas=sampler.num_replicas, epoch=sampler.epoch,
+                    shuffle=sampler.shuffle, seed=sampler.seed)
+    try:
+        info["batches"] = [[int(i) for i in y.reshape(-1).tolist()] for _, y in loader]
+    except Exception as e:  # noqa: BLE001 - iterating runs the learner's settings: any error becomes a hint
+        return {"status": "error", "type": type(e).__name__, "message": str(e)[:300],
+                "where": " while iterating your DataLoader", "comm": False}
+    return {"status": "ok", "value": info}
+
+
+def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
+    """In each rank: the learner's loader for epochs 0, 1 and 0 again (stopping at the first failing call)."""
+    # Each sample's label is its own index, so the batches say exactly which samples a rank saw.
+    dataset = TensorDataset(torch.arange(LOADER_N, dtype=torch.float32).unsqueeze(1), torch.arange(LOADER_N))
+    epochs = {"e0": 0, "e1": 1, "e0_again": 0}
+    args = {key: (dataset, rank, world_size, LOADER_BATCH, epoch) for key, epoch in epochs.items()}
+    return call_cases(student_fn, args, _describe)
+
+
+def _check_samplers(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]], world_size: int) -> None:
+    """Raise the verdict for the first wrong setting of the ranks' epoch-0 loaders and samplers."""
+    if not all(info["e0"]["distributed"] for info in infos):
+        if all(sorted(s) == list(range(LOADER_N)) for s in seen["e0"]):
+            raise fail("no_sampler", f"every rank iterates all {LOADER_N} samples (Listing 7.2's bug): pass "
+                                     "sampler=DistributedSampler(dataset, num_replicas=world_size, rank=rank) to "
+                                     "the DataLoader.")
+        raise fail("no_sampler", f"the loader uses a {infos[0]['e0']['sampler']}: use "
+                                 "torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank).")
+    for r, info in enumerate(infos):
+        if info["e0"]["num_replicas"] != world_size:
+            raise fail("wrong_replicas", f"rank {r}'s sampler has num_replicas={info['e0']['num_replicas']}: pass "
+                                         "num_replicas=world_size.")
+        if info["e0"]["rank"] != r:
+            raise fail("wrong_rank", f"rank {r}'s sampler was built with rank={info['e0']['rank']}, so two ranks "
+                                     "read the same shard: pass rank=rank.")
+    if len({info["e0"]["seed"] for info in infos}) > 1:
+        raise fail("seed_per_rank", "the ranks' samplers have different seeds, so their shuffles overlap: give every "
+                                    "rank the same seed (the default 0 is fine).")
+    sizes = [len(b) for info in infos for b in info["e0"]["batches"]]
+    if sizes and sizes[0] != LOADER_BATCH:
+        raise fail("batch_size", f"the first batch has {sizes[0]} samples, expected batch_size={LOADER_BATCH}: pass "
+                                 "batch_size=batch_size to the DataLoader.")
+    if not all(info["e0"]["shuffle"] for info in infos):
+        raise fail("not_shuffled", "the sampler was built with shuffle=False, so every epoch has the same order: "
+                                   "keep DistributedSampler's default shuffle=True.")
+
+
+def _check_epochs(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]]) -> None:
+    """Raise the verdict for the first problem across epochs: no reshuffle, overlapping shards, no determinism."""
+    if any(info["e1"]["epoch"] != 1 for info in infos) or all(a == b for a, b in zip(seen["e0"], seen["e1"])):
+        raise fail("no_set_epoch", "epoch 1 repeats epoch 0's order: call sampler.set_epoch(epoch) before "
+                                   "iterating (DistributedSampler reshuffles only when told the epoch).")
+    for k in ("e0", "e1"):
+        union = set(seen[k][0]) | set(seen[k][1])
+        if set(seen[k][0]) & set(seen[k][1]) or union != set(range(LOADER_N)):
+            raise fail("overlap", f"in epoch {k[1]} the ranks' samples overlap or miss some: pass rank=rank and "
+                                  "num_replicas=world_size to DistributedSampler.")
+    if seen["e0_again"] != seen["e0"]:
+        raise fail("nondeterministic", "asking for epoch 0 twice gave two different orders: let the "
+                                       "DistributedSampler shuffle (seeded), not the DataLoader.")
+
+
+@exercise("make_loader")
+def check_make_loader(student_fn: Callable) -> str:
+    """Exercise 4: make_loader(dataset, rank, world_size, batch_size, epoch) with DistributedSampler + set_epoch."""
+    world_size = 2
+    outs = run_ranks(_in_rank, world_size, (student_fn,))
+    try:
+        student_outcomes(outs)
+    except Verdict as v:
+        if v.mistake == "error" and "mutually exclusive" in v.hint:
+            raise fail("shuffle_and_sampler", "DataLoader(shuffle=True) can't be combined with a sampler: the "
+                                              "DistributedSampler does the shuffling, so drop shuffle=True.") from None
+        raise
+    infos = [{k: v["value"] for k, v in o.items() if k != "call"} for o in outs]
+    # The sample indices each rank saw, per case, in order.
+    seen = {k: [[i for b in info[k]["batches"] for i in b] for info in infos] for k in ("e0", "e1", "e0_again")}
+    _check_samplers(infos, seen, world_size)
+    _check_epochs(infos, seen)
+    return (f"each rank reads its own {LOADER_N // world_size} of the {LOADER_N} samples in batches of "
+            f"{LOADER_BATCH}, and set_epoch gives every epoch a new order.")
