@@ -10,8 +10,9 @@ import pytest
 os.environ.setdefault("DDP_HELPERS_PROGRESS", "0")  # keep test logs free of progress bars
 
 
-# Python's own per-process helper (one for the whole session, it exits with pytest): not a leftover rank.
-_SINGLETONS = ("multiprocessing.resource_tracker",)
+# Python's own per-process helpers (one each for the whole session, they exit with pytest): not leftover ranks.
+# The forkserver's ranks are its children, so they are still found (children(recursive=True)).
+_SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver import main")
 
 
 def _live_children():

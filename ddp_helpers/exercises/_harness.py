@@ -12,7 +12,7 @@ import linecache
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,10 +20,10 @@ import torch
 from ..config import ConfigError
 from ..launcher import LaunchError, RankFailedError, is_comm_error, launch
 
-# The learner's functions live in notebook cells, so the ranks are forked: spawn would have to import the
-# function by name from a module, while fork copies the whole kernel, cell-defined functions included.
-# Every check launches through run_ranks, so this is the one place that says so.
-START_METHOD = "fork"
+# The learner's functions live in notebook cells: the launcher sends them to the ranks by value (cloudpickle),
+# so the checks use its default start method (a forkserver with torch preloaded, or spawn). Every check
+# launches through run_ranks, so this is the one place that says so.
+START_METHOD = "auto"
 CHECK_TIMEOUT_S = 40.0  # a whole check; a learner's deadlock ends here at the latest
 COLLECTIVE_TIMEOUT_S = 8.0  # a rank waiting in a collective its peer never joins fails after this long
 
@@ -147,16 +147,37 @@ def exercise(name: str) -> Callable[[Callable[[Callable], str]], Callable[..., C
 
 
 # ----------------------------------------------------------------------------------------------- inside a rank
-def _where(exc: BaseException, fn: Callable) -> str:
-    """' at `<source line>`' for the deepest frame of the learner's function in exc's traceback, else ''."""
+def _where(exc: BaseException, fn: Callable) -> Optional[Tuple[str, int]]:
+    """(file, line number) of the deepest frame of the learner's function in exc's traceback, else None."""
     code = getattr(fn, "__code__", None)
-    found = ""
+    found = None
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         if code is not None and frame.f_code.co_filename == code.co_filename:
-            line = linecache.getline(frame.f_code.co_filename, lineno).strip()
-            if line:
-                found = f" at `{line}`"
+            found = (frame.f_code.co_filename, lineno)
     return found
+
+
+def _where_text(where: Any, source_file: Optional[str]) -> str:
+    """' at `<source line>`' for a (file, line) from a rank, read here: a notebook cell's source is in this
+    kernel's linecache, not in a rank started from a clean server, and a function sent by value (cloudpickle)
+    arrives with its file name replaced by "<dynamic-code>"."""
+    if not isinstance(where, tuple):
+        return where or ""
+    path, lineno = where
+    line = linecache.getline(source_file if path == "<dynamic-code>" and source_file else path, lineno).strip()
+    return f" at `{line}`" if line else ""
+
+
+def _locate_errors(out: Any, source_file: Optional[str]) -> Any:
+    """Every "where" in a rank's report turned into text (see _where_text)."""
+    if isinstance(out, dict):
+        return {k: _where_text(v, source_file) if k == "where" else _locate_errors(v, source_file)
+                for k, v in out.items()}
+    return out
+
+
+def _source_file(args: tuple) -> Optional[str]:
+    return next((a.__code__.co_filename for a in args if hasattr(a, "__code__")), None)
 
 
 def error_report(e: BaseException, fn: Callable) -> Dict[str, Any]:
@@ -194,7 +215,7 @@ def call_cases(fn: Callable, cases: Dict[str, tuple], report: Callable[[Any], Di
 
 
 def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
-    """Inside a forked rank only: names in fn's module bound to `original` now point at `replacement`."""
+    """Inside a rank only: names in fn's globals bound to `original` now point at `replacement`."""
     g = getattr(fn, "__globals__", None)
     if not isinstance(g, dict):
         return
@@ -228,7 +249,7 @@ def timeout_verdict() -> Verdict:
 
 def run_ranks(harness: Callable, world_size: int, args: tuple,
               init_group: bool = True) -> List[Optional[Dict[str, Any]]]:
-    """Run harness(rank, world_size, *args) on real forked ranks (in one gloo group if init_group); their dicts."""
+    """Run harness(rank, world_size, *args) on real ranks (in one gloo group if init_group); their dicts."""
     # A rank that raises RankReport ends the launch early: its dict comes back, None for every other rank.
     if START_METHOD == "fork" and torch.cuda.is_initialized():  # said for learners, before launch refuses it
         raise fail("cannot_launch", "CUDA is initialized in this kernel, so forked ranks can't start: restart the "
@@ -243,14 +264,15 @@ def run_ranks(harness: Callable, world_size: int, args: tuple,
         raise fail("cannot_launch", f"the check could not start its processes: {e}") from None
     except RankFailedError as e:
         if isinstance(e.original, RankReport):
-            return [e.original.out if r == e.rank else None for r in range(world_size)]
+            out = _locate_errors(e.original.out, _source_file(args))
+            return [out if r == e.rank else None for r in range(world_size)]
         raise fail("rank_died", f"rank {e.rank}'s process ended before reporting ({e.message}): does your "
                                 "function call exit(), os._exit() or destroy the process group?") from None
     silent = [r for r, out in enumerate(outs) if out is None]  # the process exited with 0 but returned nothing
     if silent:
         raise fail("rank_died", f"rank {silent[0]}'s process ended without reporting: does your function call "
                                 "exit() or os._exit()?")
-    return outs
+    return [_locate_errors(out, _source_file(args)) for out in outs]
 
 
 def student_outcomes(outs: Sequence[Optional[Dict[str, Any]]], key: str = "call") -> List[Dict[str, Any]]:
