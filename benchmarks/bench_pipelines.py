@@ -120,6 +120,9 @@ def main() -> int:
     p.add_argument("--seed-repeats", type=int, default=2,
                    help="runs of each slow seed-pipeline variant, spread evenly over the repeats")
     p.add_argument("--backend", default="auto")
+    p.add_argument("--start-method", default="spawn", choices=("spawn", "auto", "forkserver", "fork"),
+                   help="how every configuration starts its ranks: spawn, as the listing's mp.spawn and the earlier "
+                        "tables (benchmarks/startup.py compares the start methods)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     args = p.parse_args()
 
@@ -158,7 +161,7 @@ def main() -> int:
                 continue
             t0 = time.monotonic()
             with MemoryPeak() as used:
-                r = run_training(base.replace(**overrides), progress=False)
+                r = run_training(base.replace(**overrides), progress=False, start_method=args.start_method)
             call = time.monotonic() - t0
             step_ms = 1e3 * statistics.median(float(t) for rank in r.ranks for t in rank.step_time_s)
             # The slow tail: time spent above the median step (ranks run in lockstep, so rank 0 speaks for all).

@@ -58,7 +58,8 @@ def external_kill(start_method: str):
 
     def killer():
         while True:
-            kids = [p for p in me.children() if "resource_tracker" not in " ".join(p.cmdline())]
+            kids = [p for p in me.children() if not any(s in " ".join(p.cmdline())
+                                                          for s in ("resource_tracker", "forkserver"))]
             if len(kids) == 2:
                 time.sleep(1.0)
                 when["t"] = time.monotonic()

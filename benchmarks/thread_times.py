@@ -88,7 +88,7 @@ def measure(cfg: TrainConfig) -> Tuple[float, int, Dict[str, Tuple[float, float,
         elif "first" in state:
             state["latest"] = (snapshot(state["pids"]), min(done))
 
-    r = run_training(cfg, progress=False, on_progress=on_progress)
+    r = run_training(cfg, progress=False, on_progress=on_progress, start_method="spawn")  # ranks: our children
     if "latest" not in state or state["latest"][1] <= state["first"][1]:
         raise RuntimeError("the loop ended before two polls could see it; use a larger data set")
     (first, n0), (last, n1) = state["first"], state["latest"]

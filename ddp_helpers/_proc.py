@@ -159,12 +159,15 @@ def unbind_this_process() -> None:
 def peak_rss_bytes(children: bool = True) -> float:
     """Peak resident memory of this process (plus, by default, its largest finished child), in bytes; NaN if unknown.
 
-    ru_maxrss is in KiB on Linux and in bytes on macOS; Windows has no `resource` module.
+    ru_maxrss is in KiB on Linux and in bytes on macOS; Windows has no `resource` module (psutil answers there).
     """
     try:
         import resource
-    except ImportError:
-        return float("nan")
+    except ImportError:  # Windows: psutil's peak working set (children not included)
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return float(getattr(info, "peak_wset", info.rss))
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if children:
         usage += resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # e.g. the listing's DataLoader workers

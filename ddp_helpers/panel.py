@@ -6,36 +6,24 @@ polls of the ranks, so the bars move while the cell's kernel is busy. When train
 norm plots appear in the panel's Output widget; a rejected setting or a failed rank is shown as a one-line
 message in the panel, never as a traceback.
 
-Ranks are started with fork when that is safe (Linux/macOS, CUDA not yet initialized in this kernel): a fork
-launch costs a fraction of a second, a spawn launch several seconds, because every spawned rank imports torch.
+Ranks are started with the launcher's default ("auto": forked from a server that has torch imported, where the
+platform has one): after the first run a launch costs a fraction of a second, a spawn launch several seconds.
 """
 from __future__ import annotations
 
 import base64
 import html
 import io
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
 from .config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
 from .data import DataError
-from .launcher import LaunchError, RankFailedError
+from .launcher import LaunchError, RankFailedError, resolve_start_method
 from .result import TrainResult
 
 DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic
 _COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318"}
-
-
-def choose_start_method(preferred: str = "auto") -> str:
-    """'fork' when it is safe here (not Windows, CUDA not initialized), else 'spawn'; explicit values pass."""
-    if preferred != "auto":
-        return preferred
-    import torch
-
-    if sys.platform == "win32" or torch.cuda.is_initialized():
-        return "spawn"  # a forked child can't use a CUDA context created in its parent
-    return "fork"
 
 
 def _figure_output(fig: Any) -> Dict[str, Any]:
@@ -111,7 +99,7 @@ class ControlPanel:
             validate(cfg)  # a bad setting is reported before any bar or process appears
             self._make_bars(cfg.world_size)
             self.output.outputs = ()
-            method = choose_start_method(self.start_method)
+            method = resolve_start_method(self.start_method)
             self._set_status("busy", f"run {run}: training {cfg.world_size} rank(s) ({method})...")
             t0 = time.monotonic()
             from .runner import run_training

@@ -24,28 +24,40 @@ def _want_progress(progress: Optional[bool]) -> bool:
     return True
 
 
-class _Progress:
-    """A tqdm bar (and an optional callback) fed from the ranks' shared step counters (the children never print)."""
+class ProgressBar:
+    """A tqdm bar (and an optional callback) fed from the ranks' shared step counters (the children never print).
+
+    Start-up is a phase of its own ("starting 2 ranks"): the bar's clock restarts at the first step, so its
+    rate is the training loop's, not skewed by the seconds the ranks took to start.
+    """
 
     def __init__(self, buffers: TelemetryBuffers, total: int, enabled: bool, desc: str,
                  callback: Optional[Callable[[List[int], int], None]] = None):
-        self.buffers, self.bar, self.total, self.callback = buffers, None, total, callback
+        self.buffers, self.bar, self.total, self.callback, self.desc = buffers, None, total, callback, desc
         self.last: List[int] = []
+        self.training = False
         if enabled:
             from tqdm.auto import tqdm  # a widget in notebooks, a text bar in terminals
 
-            self.bar = tqdm(total=total, desc=desc, unit="step", leave=False, file=sys.stderr)
+            self.bar = tqdm(total=total, desc=f"starting {desc}", unit="step", leave=False, file=sys.stderr)
 
     def __call__(self) -> None:
         if self.bar is not None:
-            n = self.buffers.progress()
-            if n > self.bar.n:
-                self.bar.update(n - self.bar.n)
+            self._update_bar()
         if self.callback is not None:
             counts = self.buffers.count.tolist()
             if counts != self.last:
                 self.last = counts
                 self.callback(counts, self.total)
+
+    def _update_bar(self) -> None:
+        if not self.training and int(self.buffers.count.max()) > 0:
+            self.training = True
+            self.bar.set_description(f"training {self.desc}", refresh=False)
+            self.bar.reset(total=self.total)  # restarts the bar's clock: steps/s from the first step on
+        n = self.buffers.progress()
+        if n > self.bar.n:
+            self.bar.update(n - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -68,7 +80,7 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
     job = Job.create(cfg, backend, data)
-    bar = _Progress(job.buffers, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
+    bar = ProgressBar(job.buffers, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
     # The seed pipeline passes no data: its ranks load their own copies, as the listing's do. Otherwise the
     # images are normalized once here (cached with the data), and the ranks map these pages instead of copying.
     shared = None if cfg.pipeline == "seed" else data

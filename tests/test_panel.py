@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from ddp_helpers import ConfigError, RankFailedError, TrainConfig  # noqa: E402
-from ddp_helpers.panel import ControlPanel, choose_start_method, control_panel  # noqa: E402
+from ddp_helpers.panel import ControlPanel, control_panel  # noqa: E402
 
 BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)
 
@@ -35,11 +35,6 @@ def test_widgets_show_the_base_settings():
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == ("ControlPanel(world_size=2, backend='gloo', dataset='mnist-5k', batch_size=64, "
                                     "lr=0.01, epochs=1)")
-
-
-def test_fork_is_chosen_when_safe():
-    assert choose_start_method() == "fork"  # this CPU-only test process never initializes CUDA
-    assert choose_start_method("spawn") == "spawn"
 
 
 def test_train_button_runs_real_training(trained_panel):

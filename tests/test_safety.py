@@ -86,7 +86,7 @@ if not torch.cuda.is_available():
 @pytest.mark.parametrize("setting,kwargs", BAD, ids=[f"{s}={list(k.values())[0]!r}" for s, k in BAD])
 def test_bad_setting_is_refused_before_any_process_starts(setting, kwargs, monkeypatch):
     started = []
-    monkeypatch.setattr(L.mp, "start_processes", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
     before = len(psutil.Process().children(recursive=True))
     with pytest.raises(ConfigError) as e:
         run_training(SMALL.replace(**kwargs), progress=False)
@@ -168,7 +168,7 @@ def test_spawn_from_a_program_on_stdin_is_refused_before_anything_starts(tmp_pat
     p = subprocess.run([sys.executable, "-"], input=code, cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=120)
     assert p.stdout.startswith("LaunchError"), p.stdout + p.stderr
-    assert "read from <stdin>" in p.stdout and "start_method='fork'" in p.stdout
+    assert "read from <stdin>" in p.stdout and "Save the code to a file" in p.stdout
     assert "data loaded" not in p.stdout  # refused before the data set is loaded, not after a failed launch
 
 
@@ -231,7 +231,8 @@ def test_rank_killed_from_outside_is_detected():
     def killer():
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            kids = [p for p in me.children() if "resource_tracker" not in " ".join(p.cmdline())]
+            kids = [p for p in me.children() if not any(s in " ".join(p.cmdline())
+                                                          for s in ("resource_tracker", "forkserver"))]
             if len(kids) == 2:
                 time.sleep(0.5)
                 victim["pid"] = kids[1].pid

@@ -1,0 +1,105 @@
+"""The macOS and Windows branches, tested on Linux by monkeypatching; and ranks that die with their parent."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import ddp_helpers._proc as P
+from ddp_helpers import TrainConfig
+from ddp_helpers import faults
+from ddp_helpers.launcher import check_start_method, resolve_start_method
+from ddp_helpers.runner import ProgressBar
+from ddp_helpers.telemetry import TelemetryBuffers
+
+
+def test_auto_is_forkserver_where_the_platform_has_it_else_spawn(monkeypatch):
+    assert resolve_start_method("auto") == "forkserver"  # Linux
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # Windows
+    assert resolve_start_method("auto") == "spawn" and check_start_method("auto") == "spawn"
+    from ddp_helpers import LaunchError
+
+    with pytest.raises(LaunchError, match="'fork' is not available"):
+        check_start_method("fork")
+
+
+def test_peak_memory_without_the_resource_module_comes_from_psutil(monkeypatch):
+    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` now fails, as on Windows
+    peak = P.peak_rss_bytes()
+    assert peak >= psutil.Process().memory_info().rss * 0.5 and peak < 2**40
+
+
+def test_peak_memory_on_macos_is_already_in_bytes(monkeypatch):
+    import resource
+
+    linux = P.peak_rss_bytes(children=False)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert P.peak_rss_bytes(children=False) == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert linux == 1024 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def test_cores_without_sched_getaffinity(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert P.usable_cores() == list(range(os.cpu_count() or 1))
+
+
+def test_kill_fault_without_sigkill_uses_sigterm(monkeypatch):
+    sent = []
+    monkeypatch.delattr(signal, "SIGKILL")
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    with pytest.raises(faults.InjectedFault):  # os.kill is mocked, so the function goes on and raises
+        faults.inject_fault(TrainConfig(fault_rank=0, fault_step=0, fault_kind="kill"), 0, 0)
+    assert sent == [signal.SIGTERM]
+
+
+def test_progress_bar_counts_from_the_first_step():
+    buf = TelemetryBuffers(world_size=2, max_steps=10, samples_per_step=1, n_capture=0, n_params=1)
+    bar = ProgressBar(buf, 10, True, "2 ranks")
+    try:
+        bar()
+        assert bar.bar.desc.startswith("starting 2 ranks") and bar.bar.n == 0
+        buf.count[0] = 1  # rank 0 finished its first step, rank 1 not yet
+        bar()
+        assert bar.bar.desc.startswith("training 2 ranks") and bar.bar.n == 0
+        buf.count[:] = 4
+        bar()
+        assert bar.bar.n == 4
+    finally:
+        bar.close()
+
+
+PARENT = textwrap.dedent("""
+    import sys, time
+    from ddp_helpers import launch
+
+    def sleepy(rank, world_size):
+        time.sleep(60)
+
+    if __name__ == "__main__":
+        print("launching", flush=True)
+        launch(sleepy, 2, start_method=sys.argv[1])
+""")
+
+
+@pytest.mark.parametrize("method, delay", [("auto", 0.3), ("auto", 6.0), ("spawn", 0.3), ("spawn", 6.0)])
+def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert parent.stdout.readline().strip() == "launching"
+    time.sleep(delay)  # 0.3 s: the ranks are still starting (importing torch under spawn); 6 s: they run fn
+    family = psutil.Process(parent.pid).children(recursive=True)
+    parent.kill()
+    parent.wait()
+    _, alive = psutil.wait_procs(family, timeout=5.0)
+    for p in alive:
+        p.kill()
+    assert not alive, f"{len(alive)} process(es) outlived their parent by 5 s: {[p.cmdline()[:3] for p in alive]}"
