@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-threads bench-warmth faults lab notebooks clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-startup bench-threads bench-warmth faults lab notebooks clean
 
 env: $(STAMP)
 
@@ -42,6 +42,9 @@ solutions: env
 
 bench: env
 	$(PY) benchmarks/bench_pipelines.py --markdown
+
+bench-startup: env
+	$(PY) benchmarks/startup.py --markdown
 
 bench-allreduce: env
 	$(PY) benchmarks/allreduce_latency.py --markdown
