@@ -1,6 +1,7 @@
 """What each rank iterates over: its DistributedSampler shard of the shared tensors, or the listing's DataLoader."""
 from __future__ import annotations
 
+import sys
 from typing import Iterator, Optional, Tuple
 
 import torch
@@ -42,10 +43,13 @@ def loader_worker_init(_: int) -> None:
 def listing_loader(cfg: TrainConfig, data: DataSplits) -> torch.utils.data.DataLoader:
     """Listing 7.2's loader: per-sample transforms, shuffle with the same seed on every rank, no sampler."""
     gen = torch.Generator().manual_seed(cfg.seed)
+    # Workers forked from the rank, as the listing's are on Linux. Without this a rank started by a forkserver
+    # would inherit that start method and start a forkserver of its own for its workers (~5 s of imports).
+    context = "fork" if cfg.num_workers > 0 and sys.platform.startswith("linux") else None
     return torch.utils.data.DataLoader(SeedListingDataset(data.train_images, data.train_labels),
                                        batch_size=cfg.batch_size, shuffle=True, generator=gen,
                                        num_workers=cfg.num_workers, worker_init_fn=loader_worker_init,
-                                       persistent_workers=cfg.num_workers > 0)
+                                       persistent_workers=cfg.num_workers > 0, multiprocessing_context=context)
 
 
 class RankBatches:

@@ -358,9 +358,11 @@ def test_two_launches_in_one_process_get_different_ports():
 
     L.dist.TCPStore = spy
     try:
-        th = threading.Thread(target=lambda: launch(_hello, 2, start_method="fork"))
+        # The default start method: forking from a process with a second launch running in another thread could
+        # copy that thread's locks into the children (what Python warns about for fork in threaded programs).
+        th = threading.Thread(target=lambda: launch(_hello, 2))
         th.start()
-        launch(_hello, 2, start_method="fork")
+        launch(_hello, 2)
         th.join()
     finally:
         L.dist.TCPStore = orig
