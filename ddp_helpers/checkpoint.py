@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import io
 import os
 import re
 from typing import Any, Dict, Optional
@@ -28,7 +29,16 @@ def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tens
     os.makedirs(os.path.dirname(path), exist_ok=True)
     payload = {"step": step, "model": {k: v.detach().cpu() for k, v in model_state.items()},
                "optimizer": _to_cpu(optim_state), "config": config, "format": "ddp_helpers.checkpoint/1"}
-    return atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+    def write(tmp: str) -> None:
+        # Serialized in memory first, then written as plain bytes: a full disk then fails as OSError(ENOSPC),
+        # which atomic_write turns into a clear message (torch's zip writer reports it as "unexpected pos ...").
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        with open(tmp, "wb") as fh:
+            fh.write(buf.getbuffer())
+
+    return atomic_write(path, write)
 
 
 def save_if_due(cfg: TrainConfig, rank: int, step: int, end: int, model: torch.nn.Module,

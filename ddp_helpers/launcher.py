@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import glob
 import io
 import logging
 import multiprocessing
@@ -12,6 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -29,6 +31,7 @@ START_METHODS = ("auto", "forkserver", "spawn", "fork")
 # torch._dynamo (which DDP's constructor imports: ~3 s) already loaded; freeze_gc comes last (see there).
 FORKSERVER_PRELOAD = ["ddp_helpers._boot", "ddp_helpers.launcher", "ddp_helpers.worker", "torch.distributed",
                       "torch._dynamo", "ddp_helpers._freeze_gc"]
+LOG_DIR_PREFIX = "ddp_helpers-ranks-"  # the ranks' log folders in the temp dir (their owner's pid inside)
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
 COMM_ERROR_MARKERS = ("DistBackendError", "DistNetworkError", "Connection closed", "Connection reset", "Timed out",
@@ -339,6 +342,61 @@ def _start_ranks(method: str, world_size: int, child_args: tuple, payload: Defer
     return ProcessContext(procs, [os.path.join(log_dir, f"rank{r}.err") for r in range(world_size)])
 
 
+class _EndOnSignals:
+    """While the ranks run, SIGTERM and SIGHUP end the launch as Ctrl-C does: the ranks are stopped and the log
+    folder removed, then the process exits (128 + signal). Without it, the default action would kill this process
+    at once, skipping that cleanup (and Python would warn about leaked semaphores)."""
+
+    def __init__(self) -> None:
+        self.saved: dict = {}
+
+    def __enter__(self) -> "_EndOnSignals":
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for name in ("SIGTERM", "SIGHUP"):
+                sig = getattr(signal, name, None)  # Windows has no SIGHUP
+                if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:  # never replace someone's handler
+                    self.saved[sig] = signal.signal(sig, self._exit)
+        return self
+
+    @staticmethod
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def _new_log_dir() -> str:
+    """A private folder for the ranks' logs, marked with its owner, after removing those of dead owners."""
+    _remove_stale_log_dirs()
+    log_dir = tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)
+    with open(os.path.join(log_dir, "owner"), "w") as fh:
+        fh.write(f"{os.getpid()} {_started(os.getpid())}")
+    return log_dir
+
+
+def _started(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).create_time()
+
+
+def _remove_stale_log_dirs() -> None:
+    """Remove log folders whose owning process is gone (a kernel restart or SIGKILL skips the cleanup)."""
+    import psutil
+
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), LOG_DIR_PREFIX + "*")):
+        try:
+            with open(os.path.join(folder, "owner")) as fh:
+                pid, started = fh.read().split()
+            alive = psutil.pid_exists(int(pid)) and abs(_started(int(pid)) - float(started)) < 1e-3
+        except (OSError, ValueError, psutil.Error):
+            continue  # not ours (no owner file), or being written, or its owner just left: leave it
+        if not alive:  # the pid is gone, or reused by a process that started later
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
            on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
@@ -362,16 +420,26 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
                           "or fewer ranks or threads_per_rank") from None
     ctx_mp = multiprocessing.get_context(method)
     results, port_queue = ctx_mp.SimpleQueue(), ctx_mp.SimpleQueue()
-    log_dir = tempfile.mkdtemp(prefix="ddp_helpers-")
+    log_dir = _new_log_dir()
     group = (backend, host, timeout_s) if init_group else None
     child_args = (world_size, group, port_queue, threads, results, log_dir, plan)
-    context = _start_ranks(method, world_size, child_args, Deferred((fn, args)), log_dir)
+    context = None
+    with _EndOnSignals():
+        try:
+            context = _start_ranks(method, world_size, child_args, Deferred((fn, args)), log_dir)
+            return _run_job(context, init_group, host, port, timeout_s, world_size, results, log_dir, on_poll,
+                            poll_s, port_queue)
+        finally:
+            _end_launch(context, results, port_queue, log_dir)
+
+
+def _end_launch(context: Optional[ProcessContext], results: Any, port_queue: Any, log_dir: str) -> None:
+    """Reap or stop every rank, close the queues and remove the log folder: nothing of the launch outlives it."""
     try:
-        return _run_job(context, init_group, host, port, timeout_s, world_size, results, log_dir, on_poll, poll_s,
-                        port_queue)
+        if context is not None:
+            _join_all(context.processes, 10.0)  # a rank that reported its value exits at once; one that doesn't ...
+            stop_processes(context.processes)  # ... is ended here: nothing outlives the call
     finally:
-        _join_all(context.processes, 10.0)  # a rank that reported its value exits at once; one that doesn't ...
-        stop_processes(context.processes)  # ... is ended here: nothing outlives the call
         results.close()  # release the queues' pipes and locks now, not at interpreter exit
         port_queue.close()
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -146,6 +146,17 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
         dist.destroy_process_group()
 
 
+def _check_out(out: str) -> None:
+    """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc)."""
+    from .config import ConfigError
+    from .fileio import probe_output_dir
+
+    try:
+        probe_output_dir("--out", out)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
     args = build_parser().parse_args(argv)
@@ -155,6 +166,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         cfg = config_from_args(args)
+        if not _under_torchrun() or os.environ["RANK"] == "0":  # the process that will write the results
+            _check_out(args.out)  # before anything trains: a run whose results can't be written is refused now
         if _under_torchrun():
             result = run_torchrun(cfg, args.out, not args.no_plots)
             if result is None:

@@ -394,9 +394,8 @@ def test_checkpoint_written_by_rank_0_only_and_atomically(tmp_path, monkeypatch)
 def test_checkpoint_crash_mid_write_leaves_no_file(tmp_path, monkeypatch):
     from ddp_helpers import checkpoint as C
 
-    def broken_save(obj, path):
-        with open(path, "wb") as fh:
-            fh.write(b"half")
+    def broken_save(obj, f):
+        f.write(b"half")
         raise OSError("disk full")
 
     monkeypatch.setattr(C.torch, "save", broken_save)
