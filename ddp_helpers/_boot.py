@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 
 from ._proc import die_with_parent
@@ -31,8 +32,18 @@ def watch_parent() -> None:
                      daemon=True).start()
 
 
+def _default_signals() -> None:
+    # A forked rank inherits the launcher's SIGTERM/SIGHUP handlers (which end a launch cleanly): in a rank the
+    # launcher's SIGTERM must simply end it, not be reported back as the rank's own error.
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def rank_main(rank: int, *args) -> None:
     """Process target: watch the parent, then run the rank (launcher.rank_entry)."""
+    _default_signals()
     watch_parent()
     from .launcher import rank_entry  # torch is imported only now
 

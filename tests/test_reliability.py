@@ -148,3 +148,17 @@ def test_checkpoints_still_load_after_the_in_memory_write(tmp_path):
     run_training(SMALL.replace(max_steps=2, checkpoint_dir=str(tmp_path)), progress=False)
     state = torch.load(tmp_path / "ckpt-0000002.pt", weights_only=True)
     assert state["step"] == 2 and state["model"]["1.weight"].shape == (10, 784)
+
+
+def _sigterm_is_default(rank: int, world_size: int) -> bool:
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_forked_rank_does_not_inherit_the_launchers_signal_handlers():
+    # While launching, the parent turns SIGTERM into a clean exit; a forked copy of that handler in a rank would
+    # report torch's termination of a stuck rank as the rank's own error ("SystemExit: 143").
+    saved = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert launch(_sigterm_is_default, 2, start_method="fork") == [True, True]
+    finally:
+        signal.signal(signal.SIGTERM, saved)
