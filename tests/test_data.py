@@ -290,3 +290,14 @@ def test_default_root_still_gets_debians_fashion_mnist(tmp_path, monkeypatch, fr
 
 def test_default_data_root_is_the_configs():
     assert D.DEFAULT_DATA_ROOT == TrainConfig().data_root
+
+
+def test_a_file_in_the_way_of_a_folder_setting_is_named(tmp_path, fresh_cache):
+    from ddp_helpers import ConfigError, run_training
+
+    f = tmp_path / "data.txt"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match=r"TrainConfig\.data_root=.* is a file, not a folder"):
+        D.load_data(TrainConfig(dataset="fashion-mnist", data_root=str(f / "sub")))
+    with pytest.raises(ConfigError, match=r"checkpoint_dir=.* is a file, not a folder"):
+        run_training(TrainConfig(dataset="mnist-5k", checkpoint_dir=str(f / "ckpt")), progress=False)
