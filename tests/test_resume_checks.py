@@ -1,0 +1,140 @@
+"""resume_from: unreadable, foreign or finished checkpoints are refused with one clear ConfigError before any rank."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_helpers import ConfigError, TrainConfig, run_training
+from ddp_helpers import launcher as L
+from ddp_helpers.checkpoint import check_resume, save_checkpoint
+from ddp_helpers.model import build_model
+
+ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
+SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
+
+
+def _good_payload(cfg: TrainConfig, step: int = 4) -> dict:
+    """What save_checkpoint writes for cfg's model after `step` steps (no training needed)."""
+    model = build_model(cfg.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg.to_dict()}
+
+
+def _write(path, kind: str) -> str:
+    """Write one kind of bad checkpoint at path; returns the path."""
+    path = str(path)
+    good = _good_payload(SMALL)
+    if kind == "truncated":
+        torch.save(good, path)
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[: len(data) // 2])
+    elif kind == "empty":
+        open(path, "wb").close()
+    elif kind == "tensor":
+        torch.save(torch.ones(3), path)
+    elif kind == "no-step":
+        torch.save({k: v for k, v in good.items() if k != "step"}, path)
+    elif kind == "bare-state-dict":
+        torch.save(good["model"], path)
+    elif kind == "text":  # torch.load fails with UnpicklingError, whose text suggests weights_only=False
+        open(path, "w").write("# notes\nstep: 5\n")
+    elif kind == "text-2":  # torch.load fails with IndexError
+        open(path, "w").write("step: 5\nmodel: the weights\n")
+    elif kind == "objects":
+        torch.save({**good, "extra": argparse.Namespace(x=1)}, path)
+    elif kind == "no-model":
+        torch.save({k: v for k, v in good.items() if k != "model"}, path)
+    elif kind == "other-shape":
+        other = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 5))
+        torch.save({**good, "model": other.state_dict()}, path)
+    elif kind == "bad-optimizer":
+        torch.save({**good, "optimizer": {"state": {}, "param_groups": []}}, path)
+    return path
+
+
+# What each message must say besides naming resume_from.
+CASES = {
+    "truncated": "truncated or corrupted",
+    "empty": "empty (0 bytes)",
+    "tensor": "holds a Tensor, not a checkpoint",
+    "no-step": "has no 'step'",
+    "bare-state-dict": "bare state_dict",
+    "text": "not a checkpoint written by torch.save",
+    "text-2": "not a checkpoint written by torch.save",
+    "objects": "holds Python objects other than tensors",
+    "no-model": "has no 'model'",
+    "other-shape": "has shape (5, 784), this model's has (10, 784)",
+    "bad-optimizer": "can't be loaded into this model's SGD optimizer",
+}
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Records any attempt to start ranks (there must be none)."""
+    started = []
+    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    return started
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_bad_checkpoint_is_refused_before_any_rank_starts(kind, tmp_path, no_ranks):
+    path = _write(tmp_path / f"ckpt-{kind}.pt", kind)
+    with pytest.raises(ConfigError) as e:
+        run_training(SMALL.replace(resume_from=path), progress=False)
+    msg = str(e.value)
+    assert msg.startswith(f"TrainConfig.resume_from={path!r} is not accepted: "), msg
+    assert CASES[kind] in msg, msg
+    assert "resume_from=None" in msg, f"message does not say what to do: {msg}"
+    assert "weights_only=False" not in msg, "never suggest loading a checkpoint that can run code"
+    assert "\n" not in msg, msg
+    assert not no_ranks
+
+
+def test_a_good_checkpoint_passes_and_gives_its_step(tmp_path):
+    path = str(tmp_path / "ckpt-0000004.pt")
+    cfg = SMALL.replace(momentum=0.9)
+    payload = _good_payload(cfg)
+    save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"])
+    assert check_resume(cfg.replace(resume_from=path)) == 4
+
+
+def test_resume_past_the_end_is_refused(tmp_path, no_ranks):
+    payload = _good_payload(SMALL, step=50)
+    path = save_checkpoint(str(tmp_path), 50, payload["model"], payload["optimizer"], payload["config"])
+    with pytest.raises(ConfigError) as e:
+        run_training(SMALL.replace(resume_from=path), progress=False)  # max_steps=12 <= step 50
+    msg = str(e.value)
+    assert f"TrainConfig.resume_from={path!r}" in msg and "max_steps=12" in msg and "epochs=1" in msg, msg
+    assert "step 50" in msg and "set max_steps above 50" in msg, msg
+    assert not no_ranks
+
+
+def test_resume_past_the_last_epoch_is_refused(tmp_path, no_ranks):
+    cfg = SMALL.replace(max_steps=None)  # 4,000 digits / 2 ranks / 64: 32 steps per epoch
+    payload = _good_payload(cfg, step=32)
+    path = save_checkpoint(str(tmp_path), 32, payload["model"], payload["optimizer"], payload["config"])
+    with pytest.raises(ConfigError, match=r"epochs=1: the checkpoint is at step 32 and this run ends at step 32"):
+        run_training(cfg.replace(resume_from=path), progress=False)
+    assert not no_ranks
+
+
+def _cli(args, cwd):
+    return subprocess.run([sys.executable, "-m", "ddp_helpers.train", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("kind", ["text", "other-shape"])
+def test_cli_bad_checkpoint_is_one_line_and_exit_2(kind, tmp_path):
+    path = _write(tmp_path / f"ckpt-{kind}.pt", kind)
+    p = _cli(["--dataset", "mnist-5k", "--max-steps", "12", "--resume-from", path, "--out", str(tmp_path / "o")],
+             tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"error: TrainConfig.resume_from={path!r} is not accepted: ") and CASES[kind] in p.stderr
+    assert "weights_only=False" not in p.stderr
