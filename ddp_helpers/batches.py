@@ -1,6 +1,7 @@
 """What each rank iterates over: its DistributedSampler shard of the shared tensors, or the listing's DataLoader."""
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from typing import Iterator, Optional, Tuple
 
@@ -43,13 +44,22 @@ def loader_worker_init(_: int) -> None:
 def listing_loader(cfg: TrainConfig, data: DataSplits) -> torch.utils.data.DataLoader:
     """Listing 7.2's loader: per-sample transforms, shuffle with the same seed on every rank, no sampler."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    # Workers forked from the rank, as the listing's are on Linux. Without this a rank started by a forkserver
-    # would inherit that start method and start a forkserver of its own for its workers (~5 s of imports).
-    context = "fork" if cfg.num_workers > 0 and sys.platform.startswith("linux") else None
     return torch.utils.data.DataLoader(SeedListingDataset(data.train_images, data.train_labels),
                                        batch_size=cfg.batch_size, shuffle=True, generator=gen,
                                        num_workers=cfg.num_workers, worker_init_fn=loader_worker_init,
-                                       persistent_workers=cfg.num_workers > 0, multiprocessing_context=context)
+                                       persistent_workers=cfg.num_workers > 0,
+                                       multiprocessing_context=_workers_start_method(cfg.num_workers))
+
+
+def _workers_start_method(num_workers: int) -> Optional[str]:
+    """How the loader starts its workers: as the rank itself was started (spawned by the listing's mp.spawn, so
+    each worker imports torch again, a cost the seed pipeline exists to measure), except under a forkserver.
+    A rank forked by the package's forkserver would start a forkserver of its own just for its workers (~5 s of
+    imports that the listing never pays); on Linux they are forked from the rank instead."""
+    if num_workers > 0 and sys.platform.startswith("linux") and \
+            multiprocessing.get_start_method(allow_none=True) == "forkserver":
+        return "fork"
+    return None
 
 
 class RankBatches:
