@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -18,11 +18,12 @@ from .result import TrainResult, collect_result
 from .telemetry import TelemetryBuffers
 
 
-def check_job(cfg: TrainConfig, local_world_size: Optional[int] = None, check_port: bool = True) -> str:
-    """Every check that can be made before training (settings, machine, resume file); returns the backend."""
+def check_job(cfg: TrainConfig, local_world_size: Optional[int] = None,
+              check_port: bool = True) -> Tuple[str, int]:
+    """Every check that can be made before training (settings, machine, resume file); (backend, resume step)."""
     backend = validate(cfg, local_world_size=local_world_size, check_port=check_port)
-    check_resume(cfg)  # a checkpoint made with other settings is refused now, not after the ranks start
-    return backend
+    start_step = check_resume(cfg)  # a checkpoint made with other settings is refused now, not after ranks start
+    return backend, start_step
 
 
 def check_not_past_end(cfg: TrainConfig, plan: StepPlan) -> None:
@@ -50,9 +51,9 @@ class Job:
     notes: List[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, cfg: TrainConfig, backend: str, data: DataSplits) -> "Job":
-        """The plan (after any resume) and buffers sized for it."""
-        plan = StepPlan.for_run(cfg, len(data.train_labels), cfg.world_size, check_resume(cfg))
+    def create(cls, cfg: TrainConfig, backend: str, data: DataSplits, start_step: int = 0) -> "Job":
+        """The plan (resuming after start_step, as check_job found it) and buffers sized for it."""
+        plan = StepPlan.for_run(cfg, len(data.train_labels), cfg.world_size, start_step)
         check_not_past_end(cfg, plan)
         buffers = TelemetryBuffers(cfg.world_size, max(plan.n_steps, 1), cfg.batch_size * cfg.accumulation_steps,
                                    len(cfg.capture_grad_steps), n_params(build_model(cfg.seed)))

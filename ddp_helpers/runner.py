@@ -76,10 +76,10 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     (e.g. to drive widgets); it runs between polls, so keep it quick.
     """
     cfg = (cfg or TrainConfig()).replace(**overrides) if overrides else (cfg or TrainConfig())
-    backend = check_job(cfg)
+    backend, start_step = check_job(cfg)
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
-    job = Job.create(cfg, backend, data)
+    job = Job.create(cfg, backend, data, start_step)
     bar = ProgressBar(job.buffers, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
     # The seed pipeline passes no data: its ranks load their own copies, as the listing's do. Otherwise the
     # images are normalized once here (cached with the data), and the ranks map these pages instead of copying.

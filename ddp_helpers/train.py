@@ -124,7 +124,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
 
     cfg, rank, local_world = _torchrun_config(cfg)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    backend = check_job(cfg, local_world_size=local_world, check_port=False)  # the checks run_training makes
+    backend, start_step = check_job(cfg, local_world_size=local_world, check_port=False)  # the checks run_training makes
     threads = cfg.threads_per_rank or default_threads(local_world)
     torch.set_num_threads(threads)
     t_launch = time.monotonic()
@@ -134,7 +134,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
         plan = binding_plan(local_world, threads, backend, cfg.bind_cores)  # this node's ranks share its cores
         if plan is not None:  # as launch() does: after gloo's threads exist, the training thread gets its own cores
             bind_this_thread(plan[local_rank])
-        job = Job.create(cfg, backend, _load_on_node(cfg, rank, local_rank))
+        job = Job.create(cfg, backend, _load_on_node(cfg, rank, local_rank), start_step)
         job.t_launch = t_launch
         out_summary = worker.train(rank, cfg.world_size, cfg, backend, job.data, job.buffers)
         if not _gather_on_rank0(job, rank):
