@@ -19,6 +19,8 @@ from ddp_helpers.launcher import check_start_method, resolve_start_method
 from ddp_helpers.runner import ProgressBar
 from ddp_helpers.telemetry import TelemetryBuffers
 
+from _procs import describe_and_kill, outliving
+
 
 def test_auto_is_forkserver_where_the_platform_has_it_else_spawn(monkeypatch):
     assert resolve_start_method("auto") == "forkserver"  # Linux
@@ -99,12 +101,6 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
     family = psutil.Process(parent.pid).children(recursive=True)
     parent.kill()
     parent.wait()
-    _, alive = psutil.wait_procs(family, timeout=5.0)
-    names = []
-    for p in alive:
-        try:
-            names.append(" ".join(p.cmdline()[:3]))
-            p.kill()
-        except psutil.NoSuchProcess:  # it ended just now
-            names.append(f"pid {p.pid} (ended just after the 5 s)")
+    alive = outliving(family, timeout=5.0)
+    names = describe_and_kill(alive)
     assert not alive, f"{len(alive)} process(es) outlived their parent by 5 s: {names}"

@@ -17,6 +17,8 @@ import torch
 from ddp_helpers import RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers import launcher as L
 
+from _procs import describe_and_kill, outliving
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
 
@@ -48,11 +50,10 @@ def test_a_signal_to_the_parent_stops_the_ranks_and_removes_the_log_folder(tmp_p
     family = psutil.Process(parent.pid).children(recursive=True)
     parent.send_signal(sig)
     _, stderr = parent.communicate(timeout=15)
-    _, alive = psutil.wait_procs(family, timeout=5.0)
-    for p in alive:
-        p.kill()
+    alive = outliving(family, timeout=5.0)
+    names = describe_and_kill(alive)
     assert parent.returncode == 128 + sig, stderr[-2000:]
-    assert not alive, f"{len(alive)} process(es) outlived the parent"
+    assert not alive, f"{len(alive)} process(es) outlived the parent: {names}"
     assert glob.glob(str(tmp_path / (L.LOG_DIR_PREFIX + "*"))) == [], "the run's log folder was left behind"
     assert "leaked semaphore" not in stderr
 

@@ -1,0 +1,40 @@
+"""Process checks shared by the tests that kill a parent and look for what outlived it."""
+from __future__ import annotations
+
+import time
+
+import psutil
+
+
+def running(p: psutil.Process) -> bool:
+    """True while p exists and has not exited (a zombie has exited: reaping it is its new parent's job)."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def outliving(family: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes of family still running after timeout seconds.
+
+    An orphan is re-parented to PID 1, which in some containers never reaps it; it then stays a zombie with no
+    code running and no resources but its PID entry, so psutil.wait_procs would count it alive.
+    """
+    deadline = time.monotonic() + timeout
+    left = [p for p in family if running(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if running(p)]
+    return left
+
+
+def describe_and_kill(procs: list[psutil.Process]) -> list[str]:
+    """Command lines of procs (for the failure message), killing each."""
+    names = []
+    for p in procs:
+        try:
+            names.append(f"pid {p.pid}: " + " ".join(p.cmdline()[:3]))
+            p.kill()
+        except psutil.NoSuchProcess:
+            names.append(f"pid {p.pid} (ended while being described)")
+    return names
