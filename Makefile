@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-startup bench-threads bench-warmth faults lab notebooks clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-startup bench-threads bench-warmth faults lab notebooks site clean
 
 env: $(STAMP)
 
@@ -62,8 +62,14 @@ faults: env
 notebooks: env
 	$(PY) tools/execute_notebooks.py
 
+# The tutorial as a static website, from the executed notebooks (nothing runs), offline: open docs/_build/html/index.html.
+# -W: any warning fails; -n: nitpicky, an unresolved reference is a warning. tests/test_site.py builds it the same way.
+site: env
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
+
 lab: env
 	$(VENV)/bin/jupyter lab notebooks/
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache docs/_build docs/notebooks
