@@ -1,10 +1,14 @@
-"""Packaging: environment.yml and pyproject.toml list the same dependencies; the public API imports lazily."""
+"""Packaging: environment.yml and pyproject.toml list the same dependencies; the public API imports lazily;
+a wheel installed outside the repository carries the notebooks and its console script copies them out."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
 
 try:
     import tomllib
@@ -66,6 +70,64 @@ def test_public_api_names_resolve():
 
 def test_every_subpackage_is_listed_for_the_wheel():
     """[tool.setuptools] packages is an explicit list: a subpackage missing there is silently left out of the wheel."""
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "ddp_helpers").rglob("__init__.py")}
-    assert found == listed, f"pyproject.toml [tool.setuptools] packages should be {sorted(found)}"
+    found |= set(setup.get("package-dir", {}))  # folders mapped in from elsewhere (the notebooks)
+    assert found == set(setup["packages"]), f"pyproject.toml [tool.setuptools] packages should be {sorted(found)}"
+
+
+def _repo_notebooks() -> dict:
+    from ddp_helpers.copy_notebooks import list_notebooks
+
+    return list_notebooks(ROOT / "notebooks")
+
+
+def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
+    from ddp_helpers.copy_notebooks import copy_notebooks, notebook_source
+
+    assert notebook_source() == ROOT / "notebooks"  # a checkout (editable or PYTHONPATH): its own notebooks/
+    written = copy_notebooks(tmp_path / "dest")
+    assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == sorted(_repo_notebooks())
+    first = written[0]
+    first.write_text("my edits")
+    with pytest.raises(FileExistsError, match="--force"):
+        copy_notebooks(tmp_path / "dest")
+    assert first.read_text() == "my edits"  # refused before anything was copied
+    copy_notebooks(tmp_path / "dest", force=True)
+    assert first.read_bytes() == (ROOT / "notebooks" / first.relative_to(tmp_path / "dest")).read_bytes()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="DEST"):
+        copy_notebooks(tmp_path / "file")
+
+
+@pytest.mark.timeout(240)
+def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
+    """Build the wheel, install it into a folder outside the repo, run its console script from there."""
+    wheels, target, work = tmp_path / "wheels", tmp_path / "site-packages", tmp_path / "work"
+    work.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, timeout=180)  # offline: the installed setuptools builds it
+    (wheel,) = wheels.glob("ddp_helpers-*.whl")
+    subprocess.run(pip + ["install", "--no-deps", "--target", str(target), str(wheel)], check=True,
+                   capture_output=True, timeout=120)
+    notebooks = _repo_notebooks()
+    packaged = target / "ddp_helpers" / "notebooks"
+    shipped = sorted(p.relative_to(packaged).as_posix() for p in packaged.rglob("*") if p.is_file())
+    assert shipped == sorted(notebooks), "the wheel's notebooks differ from notebooks/ (README and config stay out)"
+
+    env = dict(os.environ, PYTHONPATH=str(target))  # the installed copy, not the checkout (cwd is outside too)
+    where = subprocess.run([sys.executable, "-c", "import ddp_helpers.copy_notebooks as m; print(m.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert pathlib.Path(where).resolve().is_relative_to(target.resolve()), where
+    script = target / "bin" / "ddp-helpers-notebooks"  # the console script pip wrote (Windows: Scripts/*.exe)
+    command = [sys.executable, str(script)] if script.exists() else [str(target / "Scripts" / f"{script.name}.exe")]
+    run = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    for rel, src in notebooks.items():
+        assert (work / "mine" / rel).read_bytes() == src.read_bytes(), rel
+    again = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and "--force" in again.stderr, (again.returncode, again.stderr)
+    forced = subprocess.run([sys.executable, "-m", "ddp_helpers.copy_notebooks", "mine", "--force"], cwd=work,
+                            env=env, capture_output=True, text=True)
+    assert forced.returncode == 0 and f"copied {len(notebooks)} notebooks" in forced.stdout, forced.stderr
