@@ -1,6 +1,6 @@
 """Real-browser tests: JupyterLab in headless Chromium, driven like a learner would.
 
-* test_control_panel_notebook_in_jupyterlab runs notebooks/07_control_panel.ipynb, then presses Train.
+* test_control_panel_notebook_in_jupyterlab runs notebooks/appendix/A2_control_panel.ipynb, then presses Train.
 * test_student_fills_a_blank_in_the_browser opens notebooks/exercises/exercises.ipynb, types the solution
   into one blank and a typical wrong answer into another, runs all cells and reads PASS / TRY AGAIN / NOT DONE YET.
 
@@ -33,7 +33,7 @@ import pytest
 from ddp_helpers.config import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "07_control_panel.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "appendix" / "A2_control_panel.ipynb"
 EXERCISES_NB = ROOT / "notebooks" / "exercises" / "exercises.ipynb"
 CHROMIUM = os.environ.get("DDP_HELPERS_CHROMIUM", "/usr/bin/chromium")  # Debian's package
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -15,6 +15,8 @@ import pytest
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 # The numbered teaching notebooks, in reading order: these also need a Summary and Exercises.
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+# The appendix notebooks (A1, A2, ...): outside the reading order, but held to the same structure.
+APPENDIX = sorted((NOTEBOOK_DIR / "appendix").glob("A[0-9]_*.ipynb"))
 # Every notebook under notebooks/ (subfolders included) must be stored executed and free of errors.
 ALL_NOTEBOOKS = sorted(p for p in NOTEBOOK_DIR.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
@@ -39,6 +41,11 @@ def test_notebooks_exist_in_reading_order():
     numbers = [int(n[:2]) for n in names]
     assert numbers == list(range(1, len(names) + 1)), f"notebooks must be numbered 01, 02, ... without gaps: {names}"
     assert (NOTEBOOK_DIR / "README.md").is_file(), "notebooks/README.md lists the notebooks in reading order"
+
+
+def test_appendix_notebooks_are_numbered_without_gaps():
+    names = [p.name for p in APPENDIX]
+    assert [int(n[1]) for n in names] == list(range(1, len(names) + 1)), f"appendix: A1, A2, ... without gaps: {names}"
 
 
 @pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=_id)
@@ -66,7 +73,7 @@ def test_no_stored_output_is_an_error(path: Path):
     assert not errors, f"{_id(path)} has stored errors: {errors}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_id)
+@pytest.mark.parametrize("path", NOTEBOOKS + APPENDIX, ids=_id)
 def test_cells_were_executed_top_to_bottom(path: Path):
     nb = _load(path)
     counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and _source(c).strip()]
@@ -74,7 +81,7 @@ def test_cells_were_executed_top_to_bottom(path: Path):
         f"{path.name}: execution counts {counts} are not 1, 2, 3, ...: run it top to bottom in a fresh kernel")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_id)
+@pytest.mark.parametrize("path", NOTEBOOKS + APPENDIX, ids=_id)
 def test_has_summary_and_exercises_headings(path: Path):
     nb = _load(path)
     headings = [line.strip("# ").strip() for c in nb["cells"] if c["cell_type"] == "markdown"

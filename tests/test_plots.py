@@ -1,0 +1,45 @@
+"""plot_shard_strip: the image it draws maps every sample index to the rank that owns it, epoch by epoch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from ddp_helpers import shard_indices  # noqa: E402
+from ddp_helpers.plots import OWNED_BY_NONE, SHARED_BY_RANKS, plot_shard_strip, shard_owners  # noqa: E402
+
+
+def _image(fig) -> np.ndarray:
+    (ax,) = fig.axes
+    (img,) = ax.images
+    return np.asarray(img.get_array())
+
+
+def test_each_cell_is_the_owning_rank_one_row_per_epoch():
+    n, world_size = 40, 2
+    epochs = {f"epoch {e}": [shard_indices(n, r, world_size, seed=3, epoch=e) for r in range(world_size)]
+              for e in range(3)}
+    img = _image(plot_shard_strip(epochs, n))
+    assert img.shape == (3, n)
+    for row, by_rank in enumerate(epochs.values()):
+        for rank, idx in enumerate(by_rank):
+            assert (img[row, idx.numpy()] == rank).all()
+    assert not np.array_equal(img[0], img[1]), "set_epoch's reshuffle should change who owns what"
+
+
+def test_padding_repeats_and_missing_indices_are_marked():
+    # 10 samples on 3 ranks: DistributedSampler pads to 12 by repeating two indices on a second rank.
+    by_rank = [shard_indices(10, r, 3, seed=0, epoch=0) for r in range(3)]
+    owners = shard_owners(by_rank, 10)
+    flat = np.concatenate([i.numpy() for i in by_rank])
+    repeated = {i for i in flat if (flat == i).sum() > 1}
+    assert set(np.flatnonzero(owners == SHARED_BY_RANKS)) == repeated and len(repeated) == 2
+    assert shard_owners([[0, 1], [2]], 5).tolist() == [0, 0, 1, OWNED_BY_NONE, OWNED_BY_NONE]
+
+
+def test_first_limits_the_columns_and_bad_indices_are_named():
+    img = _image(plot_shard_strip({"e0": [[0, 2, 4], [1, 3, 5]]}, 6, first=4))
+    assert img.tolist() == [[0, 1, 0, 1]]
+    with pytest.raises(ValueError, match="outside 0..5"):
+        plot_shard_strip({"e0": [[0, 6]]}, 6)
