@@ -23,6 +23,37 @@ from torchvision import datasets, transforms
 OFFLINE = "python -m ddp_helpers.data write-mnist ~/.pytorch/MNIST_5k/"
 
 
+class Flatten(nn.Module):
+    def forward(self, input):
+        return input.view(input.size(0), -1)
+
+
+def train(model, trainloader, criterion, optimizer, device, log):
+    model.train()
+    for batch_idx, (data, target) in enumerate(trainloader):
+        data, target = data.to(device), target.to(device)
+        optimizer.zero_grad()
+        output = model(data)
+        loss = criterion(output, target)
+        loss.backward()  # DDP all-reduces the gradients here
+        optimizer.step()
+        if log and (batch_idx % 100 == 0 or batch_idx == len(trainloader) - 1):  # now and then, not every batch
+            print(f"batch {batch_idx + 1}/{len(trainloader)}, loss {loss.item():.4f}", flush=True)
+
+
+def evaluate(model, testset, rank, world_size, device):
+    """Test accuracy: each rank scores a disjoint slice, one all_reduce sums the counts."""
+    model.eval()
+    correct = 0
+    part = Subset(testset, range(rank, len(testset), world_size))  # no padding: every image counted once
+    with torch.no_grad():
+        for data, target in DataLoader(part, batch_size=1000):
+            correct += int((model(data.to(device)).argmax(1) == target.to(device)).sum())
+    counts = torch.tensor([correct, len(part)], device=device)
+    dist.all_reduce(counts)  # sum over the ranks
+    return counts[0].item() / counts[1].item()
+
+
 def download(root):
     """Read MNIST at root, downloading it if missing; False if it is neither there nor downloadable."""
     try:
@@ -36,61 +67,43 @@ def download(root):
     return True
 
 
-def load_mnist(root, local_rank, device):
-    """Train and test sets; one process per node reads or downloads them while the others wait."""
-    # Not every rank at once, as in the listing: ranks writing the same files at the same time corrupt them.
-    ok = torch.tensor([int(download(root)) if local_rank == 0 else 1], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # the barrier, which also tells every rank whether it worked
-    if not ok.item():
-        return None
-    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
-    return [datasets.MNIST(root, train=train, transform=transform) for train in (True, False)]
-
-
 def main(args):
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    filepath = args.data_root  # a flag, no longer fixed
     gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= gpus_per_node  # nccl: a GPU per rank
     if use_gpu:
         torch.cuda.set_device(local_rank)  # else every rank would allocate on cuda:0
-    device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
-    dist.init_process_group("nccl" if use_gpu else "gloo")  # address, port, rank and size from the environment
+    dist.init_process_group(backend="nccl" if use_gpu else "gloo")  # address, port, rank, size: environment
     torch.set_num_threads(1)  # ranks share the cores (torchrun's default); results don't depend on the machine
-    data = load_mnist(os.path.expanduser(args.data_root), local_rank, device)
-    if data is None:  # local rank 0 has said why
+    torch.manual_seed(0)
+    device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")  # local: counts from 0 per node
+    # One process per node reads or downloads, not every rank at once (writing the same files corrupts them).
+    ok = torch.tensor([int(download(filepath)) if local_rank == 0 else 1], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # the barrier, which also tells every rank whether it worked
+    if not ok.item():
         dist.destroy_process_group()
         return 1
-    trainset, testset = data
-    sampler = DistributedSampler(trainset)  # each rank its own shuffled 1/world_size of the data, not all of it
-    train_loader = DataLoader(trainset, batch_size=64, sampler=sampler)  # sampler, not shuffle=True;
-    # no num_workers=2: the images are in memory already, and worker processes cost more to start than they save
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).to(device)  # torch's Flatten = the listing's class
-    model = DistributedDataParallel(model, device_ids=[local_rank] if use_gpu else None)  # no device_ids on CPU
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
+    trainset = datasets.MNIST(filepath, train=True, transform=transform)  # already there: no download
+    testset = datasets.MNIST(filepath, train=False, transform=transform)  # to measure the result
+    sampler = DistributedSampler(trainset)  # shuffles; each rank its own 1/world_size of the data, not all
+    train_loader = DataLoader(trainset, batch_size=64, sampler=sampler)  # no workers: the images are in memory
+    model = nn.Sequential(Flatten(), nn.Linear(784, 10)).to(device)
+    model = DistributedDataParallel(model, device_ids=[local_rank] if use_gpu else None)  # none on CPU
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for epoch in range(args.epochs):
+    for epoch in range(args.epochs):  # the listing trains one epoch
         sampler.set_epoch(epoch)  # a new shuffle every epoch (the same on all ranks, so shards stay disjoint)
-        for step, (x, y) in enumerate(train_loader):
-            x, y = x.to(device), y.to(device)
-            optimizer.zero_grad()
-            loss = criterion(model(x), y)
-            loss.backward()  # DDP all-reduces the gradients here
-            optimizer.step()
-            if rank == 0 and (step % 100 == 0 or step == len(train_loader) - 1):  # now and then, not every batch
-                print(f"epoch {epoch} step {step + 1}/{len(train_loader)} loss {loss.item():.4f}", flush=True)
-    model.eval()  # the test set was never used: score it, each rank a disjoint slice
-    counts = torch.zeros(2, dtype=torch.long, device=device)  # correct, seen
-    with torch.no_grad():
-        for x, y in DataLoader(Subset(testset, range(rank, len(testset), world_size)), batch_size=1000):
-            counts += torch.stack([(model(x.to(device)).argmax(1) == y.to(device)).sum(), torch.tensor(len(y))
-                                   .to(device)])
-    dist.all_reduce(counts)  # one sum over the ranks
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}", flush=True)
+        train(model, train_loader, criterion, optimizer, device, log=rank == 0)
+    accuracy = evaluate(model, testset, rank, world_size, device)
     if rank == 0:
-        print(f"test accuracy: {counts[0].item() / counts[1].item():.4f}")
-        if args.save:  # for checking this run against another (the replicas are identical: rank 0's will do)
+        print(f"test accuracy: {accuracy:.4f}")
+        if args.save:  # to compare this run with another (the replicas are identical: rank 0's will do)
             torch.save(model.module.state_dict(), args.save)
-    dist.destroy_process_group()  # leave the group cleanly: no hangs or warnings at exit
+    dist.destroy_process_group()  # leave the group cleanly: no hang or warning at exit
     return 0
 
 
@@ -109,7 +122,7 @@ if __name__ == "__main__":
     args = p.parse_args()
     if "RANK" in os.environ:  # started by torchrun, which has set the address, port, rank and size
         sys.exit(main(args))
-    if not download(os.path.expanduser(args.data_root)):  # here, before any rank starts: one clear line
+    if not download(args.data_root):  # checked before any rank starts: one clear line
         sys.exit(1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))  # a port the OS says is free, not a fixed 23456 that may be taken

@@ -98,7 +98,8 @@ def test_script_with_mp_spawn_matches_run_training(tmp_path, mnist5k_root, engin
     p = _run([sys.executable, str(SCRIPT), "--world-size", "2", "--data-root", str(mnist5k_root),
               "--epochs", str(EPOCHS), "--save", str(saved)], tmp_path)
     _check_against_engine(p, saved, engine_run)
-    assert len(p.stdout.splitlines()) <= 3 * EPOCHS  # rank 0 logs now and then, not every batch
+    batch_lines = [line for line in p.stdout.splitlines() if line.startswith("batch ")]
+    assert 0 < len(batch_lines) <= 2 * EPOCHS  # rank 0 logs now and then (32 batches an epoch), not every batch
 
 
 def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engine_run):
