@@ -1,5 +1,5 @@
-# Listing 7.2 as the book prints it (callout numbers left out, a few lines joined), kept to compare with ddp_mnist.py, the fixed
-# version. As printed it needs two GPUs and never starts: nothing calls mp.spawn(main, ...).
+# Listing 7.2 as the book prints it (callout numbers left out, a few lines joined), kept to compare with
+# ddp_mnist.py, the fixed version. As printed it needs two GPUs and never starts: nothing calls mp.spawn.
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
