@@ -78,3 +78,13 @@ def test_without_the_saved_states_the_dropout_resume_drifts(dropout_runs, tmp_pa
     resumed = run_training(CFG.replace(resume_from=str(old)), progress=False, start_method="fork")
     assert resumed.ranks[0].step[0] == 8
     assert not np.array_equal(resumed.final_params, full.final_params)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cuda_generator_is_captured_and_restored_on_a_gpu():
+    device = torch.device("cuda", 0)
+    state = rng_state(device)
+    assert state["cuda"] is not None and rng_state()["cuda"] is None  # CPU ranks save no CUDA state
+    first = torch.rand(4, device=device)
+    set_rng_state(state, device)
+    assert torch.equal(first, torch.rand(4, device=device))
