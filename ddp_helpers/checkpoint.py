@@ -1,4 +1,10 @@
-"""Rank-0 checkpoints written atomically and loadable with torch.load(weights_only=True); exact resumes."""
+"""Rank-0 checkpoints written atomically and loadable with torch.load(weights_only=True); exact resumes.
+
+A checkpoint holds the step, the model and optimizer state (identical on every rank, so rank 0's copy serves
+all) and every rank's random generator states (different on every rank: each draws its own dropout masks).
+Those are gathered to rank 0 with all_gather_object when a checkpoint is due, so one file still describes the
+whole job: no per-rank files that could go missing or come from different steps, and a resume checks one file.
+"""
 from __future__ import annotations
 
 import glob
@@ -7,13 +13,17 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 
 from .config import ConfigError, TrainConfig
 from .fileio import atomic_write
 from .model import build_model
+from .rng import check_rng_entry, rng_state, set_rng_state
+
+FORMAT = "ddp_helpers.checkpoint/2"  # /1 had no "rng": those still resume, each rank's generators seeded afresh
 
 # Anything that changes the sampler order or the update rule would make a "resumed" run a different one.
 RESUME_MUST_MATCH = ("world_size", "batch_size", "dataset", "seed", "pipeline", "accumulation_steps", "lr",
@@ -26,12 +36,17 @@ def checkpoint_path(directory: str, step: int) -> str:
 
 
 def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tensor], optim_state: Dict[str, Any],
-                    config: Dict[str, Any]) -> str:
-    """Write a checkpoint via a temporary file and a rename, so a crash never leaves a half-written one."""
+                    config: Dict[str, Any], rng: Optional[List[Dict[str, Any]]] = None) -> str:
+    """Write a checkpoint via a temporary file and a rename, so a crash never leaves a half-written one.
+
+    rng: every rank's generator states, rank by rank (rng.rng_state() of each); None leaves them out.
+    """
     path = checkpoint_path(directory, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     payload = {"step": step, "model": {k: v.detach().cpu() for k, v in model_state.items()},
-               "optimizer": _to_cpu(optim_state), "config": config, "format": "ddp_helpers.checkpoint/1"}
+               "optimizer": _to_cpu(optim_state), "config": config, "format": FORMAT}
+    if rng is not None:
+        payload["rng"] = _to_cpu(rng)
 
     def write(tmp: str) -> None:
         # Serialized in memory first, then written as plain bytes: a full disk then fails as OSError(ENOSPC),
@@ -45,13 +60,30 @@ def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tens
 
 
 def save_if_due(cfg: TrainConfig, rank: int, step: int, end: int, model: torch.nn.Module,
-                optimizer: torch.optim.Optimizer) -> Optional[str]:
-    """After `step` steps: rank 0 saves when checkpoints are on and it is the run's end or a checkpoint_every."""
-    if rank != 0 or cfg.checkpoint_dir is None:
-        return None  # rank 0 alone writes: all replicas are identical, so one copy is enough (and no write races)
-    if step != end and not (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                optimizer: torch.optim.Optimizer, device: Optional[torch.device] = None) -> Optional[str]:
+    """After `step` steps: rank 0 saves when checkpoints are on and it is the run's end or a checkpoint_every.
+
+    Every rank must call it after every step: when a checkpoint is due, all ranks send rank 0 their generator
+    states (a collective), then rank 0 alone writes.
+    """
+    if cfg.checkpoint_dir is None:
         return None
-    return save_checkpoint(cfg.checkpoint_dir, step, model.state_dict(), optimizer.state_dict(), cfg.to_dict())
+    if step != end and not (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        return None  # the same answer on every rank, so either all of them gather below or none does
+    states = gather_rng_states(device)
+    if rank != 0:
+        return None  # rank 0 alone writes: all replicas are identical, so one copy is enough (and no write races)
+    return save_checkpoint(cfg.checkpoint_dir, step, model.state_dict(), optimizer.state_dict(), cfg.to_dict(),
+                           rng=states)
+
+
+def gather_rng_states(device: Optional[torch.device] = None) -> List[Dict[str, Any]]:
+    """Every rank's rng_state(), indexed by rank (a collective: all ranks call it)."""
+    states: List[Optional[Dict[str, Any]]] = [None] * dist.get_world_size()
+    # all_gather_object, not gather_object: the one object collective every backend has long supported; the
+    # states are ~15 KB per rank, so sending them to every rank costs nothing worth saving.
+    dist.all_gather_object(states, rng_state(device))
+    return states  # type: ignore[return-value]
 
 
 def _to_cpu(x: Any) -> Any:
@@ -82,7 +114,23 @@ def check_resume(cfg: TrainConfig) -> int:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
                               f"({cfg.resume_from}); an exact resume needs the same {key}")
+    _check_rng(cfg, ckpt)
     return step
+
+
+def _check_rng(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
+    """Saved generator states, if any, are one well-formed rng_state() per rank of this run."""
+    rng = ckpt.get("rng")
+    if rng is None:
+        return  # format /1: this package's model draws no random numbers after the sampler, so it still resumes
+    if not isinstance(rng, list) or len(rng) != cfg.world_size:
+        what = f"{len(rng)} ranks" if isinstance(rng, list) else f"a {type(rng).__name__}"
+        raise refuse_resume(cfg, f"its 'rng' holds the generator states of {what}, this run has world_size="
+                                 f"{cfg.world_size}")
+    for r, state in enumerate(rng):
+        problem = check_rng_entry(state)
+        if problem:
+            raise refuse_resume(cfg, f"its 'rng' entry for rank {r} {problem}")
 
 
 def refuse_resume(cfg: TrainConfig, what: str) -> ConfigError:
@@ -163,13 +211,18 @@ def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
 
 
 def resume(path: Optional[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           device: torch.device) -> int:
-    """Load the model and optimizer state saved at `path` (None: nothing to load); return its step."""
+           device: torch.device, rank: int = 0) -> int:
+    """Load the model, optimizer and this rank's generator states saved at `path` (None: nothing); its step.
+
+    A checkpoint without generator states (format /1) leaves this rank's generators as they are.
+    """
     if path is None:
         return 0
     ckpt = load_checkpoint(path, device)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt.get("rng") is not None:
+        set_rng_state(ckpt["rng"][rank], device)  # the streams continue where the saving rank's stopped
     return int(ckpt["step"])
 
 

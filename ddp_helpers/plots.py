@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-from matplotlib.colors import BoundaryNorm, ListedColormap, hsv_to_rgb
+from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from .result import TrainResult
 
@@ -68,27 +69,40 @@ def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Fig
     return fig
 
 
-def _fp_color(fp: str) -> np.ndarray:
-    hue = (int(fp[:6], 16) % 997) / 997.0
-    return hsv_to_rgb([hue, 0.65, 0.9])
+def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
+    """After every step each rank's parameter fingerprint, side by side: one value per column, a new one per step.
 
-
-def plot_fingerprints(result: TrainResult, max_steps: int = 60) -> Figure:
-    """One colored cell per (rank, step), colored by the parameter fingerprint: equal columns = equal replicas."""
-    n = min(max_steps, result.n_steps)
-    fig = Figure(figsize=(7, 1.2 + 0.45 * result.world_size + 1.3), layout="constrained")
-    ax, ax2 = fig.subplots(2, 1, height_ratios=[max(result.world_size, 1), 2])
-    img = np.array([[_fp_color(r.param_fingerprint[i]) for i in range(n)] for r in result.ranks])
-    steps = result.ranks[0].step[:n] if n else np.arange(0)
-    extent = (steps[0] - 0.5, steps[-1] + 0.5, result.world_size - 0.5, -0.5) if n else None
-    ax.imshow(img, aspect="auto", interpolation="nearest", extent=extent)
-    ax.set_yticks(range(result.world_size), [f"rank {r.rank}" for r in result.ranks])
-    ax.set_title(f"Parameter fingerprint after each step (first {n} steps; color = hash)")
-    distinct = [len({r.param_fingerprint[i] for r in result.ranks}) for i in range(result.n_steps)]
-    ax2.step(result.ranks[0].step[:result.n_steps], distinct, where="mid", color="black")
-    ax2.set_ylim(0, max(result.world_size, 2) + 0.5)
-    ax2.set_ylabel("distinct")
-    ax2.set_xlabel("optimizer step (all steps)")
+    Top: the first `max_steps` steps, each cell showing the rank's fingerprint (first 6 hex digits), green where
+    it equals rank 0's. Bottom: over all steps, how many ranks hold parameters that differ from rank 0's.
+    """
+    n, w = min(max_steps, result.n_steps), result.world_size
+    ref = result.ranks[0].param_fingerprint
+    fig = Figure(figsize=(7.5, 1.9 + 0.42 * w), dpi=150, layout="constrained")
+    ax, ax2 = fig.subplots(2, 1, height_ratios=[max(w, 1), 1.5])
+    same = np.array([[r.param_fingerprint[i] == ref[i] for i in range(n)] for r in result.ranks], dtype=float)
+    ax.imshow(same.reshape(w, n), cmap=ListedColormap(["#f4a6a6", "#c7e9c0"]), vmin=0, vmax=1, aspect="auto")
+    for k, r in enumerate(result.ranks):
+        for i in range(n):
+            ax.text(i, k, r.param_fingerprint[i][:6], ha="center", va="center", fontsize=6.5, family="monospace")
+    steps = result.ranks[0].step
+    ax.set_xticks(range(n), [str(int(s)) for s in steps[:n]], fontsize=8)
+    ax.set_yticks(range(w), [f"rank {r.rank}" for r in result.ranks])
+    ax.set_xticks(np.arange(n + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(w + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", lw=2)  # one cell per (rank, step)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("step (green: the same fingerprint as rank 0, red: a different one)", fontsize=8)
+    distinct = len(set(ref[:result.n_steps]))
+    ax.set_title(f"Parameter fingerprint after each step (first {n}): equal down each column, "
+                 f"{distinct} different values in {result.n_steps} steps", fontsize=9)
+    differing = [sum(r.param_fingerprint[i] != ref[i] for r in result.ranks) for i in range(result.n_steps)]
+    ax2.step(steps[:result.n_steps], differing, where="mid", color="black", lw=1.2)
+    ax2.set_ylim(-0.3, max(w - 1, 1) + 0.3)
+    ax2.set_yticks(range(max(w - 1, 1) + 1))
+    ax2.set_ylabel("ranks that\ndiffer from\nrank 0", fontsize=8)
+    ax2.set_xlabel(f"optimizer step (all {result.n_steps} steps)")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.grid(alpha=0.3)
     return fig
 
 

@@ -71,7 +71,7 @@ def write_outputs(result, out: str, plots: bool = True) -> List[str]:
         for name, fig in (("loss.png", P.plot_losses(result, smooth=10)), ("grad_norms.png", P.plot_grad_norms(result)),
                           ("fingerprints.png", P.plot_fingerprints(result))):
             path = os.path.join(out, name)
-            fig.savefig(path, dpi=110)
+            fig.savefig(path, dpi=150)  # the figures are drawn for >= 150 dpi
             paths.append(path)
     return paths
 

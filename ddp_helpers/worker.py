@@ -24,6 +24,7 @@ from .faults import inject_fault
 from .hooks import attach_recorder
 from .model import build_model, flat_params
 from .plan import StepPlan
+from .rng import seed_rank
 from .telemetry import RankTelemetry, TelemetryBuffers
 
 
@@ -40,10 +41,11 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
           buf: TelemetryBuffers) -> dict:
     """Train this rank's replica; per-step records go to buf[rank]; returns rank 0's final parameters."""
     device = device_for(rank, backend)
+    seed_rank(cfg.seed, rank)  # each rank its own dropout masks etc., the same ones in every run of this seed
     data = data or load_data(cfg, quiet=True)  # None: every rank loads its own copy, as the listing's do
     model = build_model(cfg.seed).to(device)  # the same seed on every rank: the same starting weights
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    start_step = resume(cfg.resume_from, model, optimizer, device)
+    start_step = resume(cfg.resume_from, model, optimizer, device, rank)  # with this rank's generator states
     # DDP broadcasts rank 0's parameters now and registers autograd hooks that all-reduce gradients in buckets.
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     telemetry = RankTelemetry(buf, rank, cfg, model, attach_recorder(ddp, cfg.comm_hook, cfg.telemetry))
@@ -57,7 +59,7 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
         loss = forward_backward(ddp, micro)  # the last backward all-reduces the gradients, bucket by bucket
         optimizer.step()  # same averaged gradient + same start = same update on every replica
         telemetry.end(step, loss, sample_ids(micro))
-        save_if_due(cfg, rank, step + 1, plan.end, model, optimizer)
+        save_if_due(cfg, rank, step + 1, plan.end, model, optimizer, device)  # all ranks: they send RNG states
     telemetry.training_done(device)
     batches.close()
     telemetry.finish(*evaluate(model, data, rank, world_size, device), device)

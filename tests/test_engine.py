@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_helpers import TrainConfig, build_model, run_training, train_single_process
+from ddp_helpers import TrainConfig, build_model, launch, run_training, train_single_process
 from ddp_helpers.plan import StepPlan
 from ddp_helpers.telemetry import RankField, StepFloat, StepInt, TelemetryBuffers
 
@@ -66,6 +66,30 @@ def test_fp16_hook_sends_half_the_bytes(small_cfg):
     r = run_training(small_cfg.replace(comm_hook="fp16", capture_grad_steps=()), progress=False,
                      start_method="fork")
     assert r.bytes_allreduced == [8 * 7850 * 2.0] * 2 and r.fingerprints_agree()
+
+
+GRAD = (1e5, 1e-4, 3e-8)  # too big for float16; small, rounded; below half of float16's smallest subnormal
+
+
+def _synced_grad(rank, world_size, comm_hook):
+    """Both ranks' gradient is GRAD; the gradient after DDP's all-reduce through the package's hook."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_helpers.hooks import attach_recorder
+
+    model = torch.nn.Linear(3, 1, bias=False)
+    ddp = DDP(model)
+    attach_recorder(ddp, comm_hook, record=False)
+    (ddp(torch.tensor([GRAD])) * 1.0).sum().backward()  # d/dw of w . GRAD is GRAD
+    return model.weight.grad.reshape(-1).tolist()
+
+
+def test_fp16_hook_casts_before_it_divides_so_big_entries_overflow_and_tiny_ones_vanish():
+    exact, fp16 = (launch(_synced_grad, 2, args=(h,), start_method="fork")[0] for h in ("allreduce", "fp16"))
+    assert exact == pytest.approx(list(GRAD), rel=1e-6)  # the mean of two equal gradients: the gradient
+    # 1e5 / 2 would fit float16 (max 65504): inf means the cast came first. 3e-8 is 0 in float16.
+    assert fp16[0] == float("inf") and fp16[2] == 0.0
+    assert fp16[1] != GRAD[1] and fp16[1] == pytest.approx(GRAD[1], rel=1e-3)  # rounded to ~3 digits
 
 
 # ------------------------------------------------------------------------------------------ results into a model

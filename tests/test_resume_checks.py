@@ -14,6 +14,7 @@ from ddp_helpers import ConfigError, TrainConfig, run_training
 from ddp_helpers import launcher as L
 from ddp_helpers.checkpoint import check_resume, save_checkpoint
 from ddp_helpers.model import build_model
+from ddp_helpers.rng import rng_state
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
@@ -55,6 +56,10 @@ def _write(path, kind: str) -> str:
         torch.save({**good, "model": other.state_dict()}, path)
     elif kind == "bad-optimizer":
         torch.save({**good, "optimizer": {"state": {}, "param_groups": []}}, path)
+    elif kind == "rng-ranks":  # generator states of a 1-rank run for SMALL's 2 ranks
+        torch.save({**good, "rng": [rng_state()]}, path)
+    elif kind == "rng-entry":
+        torch.save({**good, "rng": [rng_state(), {"torch": torch.zeros(3)}]}, path)
     return path
 
 
@@ -71,6 +76,8 @@ CASES = {
     "no-model": "has no 'model'",
     "other-shape": "has shape (5, 784), this model's has (10, 784)",
     "bad-optimizer": "can't be loaded into this model's SGD optimizer",
+    "rng-ranks": "its 'rng' holds the generator states of 1 ranks, this run has world_size=2",
+    "rng-entry": "its 'rng' entry for rank 1 holds ['torch'], not the states",
 }
 
 
@@ -96,11 +103,14 @@ def test_bad_checkpoint_is_refused_before_any_rank_starts(kind, tmp_path, no_ran
     assert not no_ranks
 
 
-def test_a_good_checkpoint_passes_and_gives_its_step(tmp_path):
+@pytest.mark.parametrize("with_rng", [True, False], ids=["rng-states", "format-1-without-rng"])
+def test_a_good_checkpoint_passes_and_gives_its_step(tmp_path, with_rng):
     path = str(tmp_path / "ckpt-0000004.pt")
     cfg = SMALL.replace(momentum=0.9)
     payload = _good_payload(cfg)
-    save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"])
+    rng = [rng_state(), rng_state()] if with_rng else None  # checkpoints written before RNG states still resume
+    save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"], rng=rng)
+    assert ("rng" in torch.load(path, weights_only=True)) == with_rng
     assert check_resume(cfg.replace(resume_from=path)) == 4
 
 
