@@ -18,7 +18,7 @@ _EXPORTS = {
     "run_training": "runner",
     "train_single_process": "reference",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
-    "plot_losses": "plots", "plot_grad_norms": "plots", "plot_fingerprints": "plots", "plot_shards": "plots",
+    "plot_losses": "plots", "plot_grad_norms": "plots", "plot_fingerprints": "plots", "plot_shard_strip": "plots",
     "plot_captured_grads": "plots", "ReferenceResult": "reference",
     "control_panel": "panel", "ControlPanel": "panel",
 }

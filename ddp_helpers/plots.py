@@ -106,23 +106,6 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
     return fig
 
 
-def plot_shards(indices_by_rank: Dict[str, Sequence[int]], n: int, title: str = "Which samples each rank sees",
-                max_points: int = 400) -> Figure:
-    """Position in a rank's epoch (x) vs sample index (y): disjoint shards fill different points."""
-    fig = Figure(figsize=(7, 3.4), layout="constrained")
-    ax = fig.add_subplot()
-    for k, (label, idx) in enumerate(indices_by_rank.items()):
-        idx = np.asarray(idx)[:max_points]
-        ax.scatter(np.arange(len(idx)), idx, s=8 if k == 0 else 14, marker="o" if k % 2 == 0 else "x",
-                   color=_color(k), label=label, alpha=0.8)
-    ax.set_ylim(-0.02 * n, 1.02 * n)
-    ax.set_xlabel("position in the rank's epoch")
-    ax.set_ylabel("sample index")
-    ax.set_title(title)
-    ax.legend(loc="upper right", fontsize=8)
-    return fig
-
-
 # Owner codes in plot_shard_strip's image: a rank number, or one of these two.
 SHARED_BY_RANKS, OWNED_BY_NONE = -1, -2
 
