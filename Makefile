@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions bench bench-allreduce bench-startup bench-threads bench-warmth faults lab notebooks site clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions assignment grade bench bench-allreduce bench-startup bench-threads bench-warmth faults lab notebooks site clean
 
 env: $(STAMP)
 
@@ -40,6 +40,17 @@ test-browser: env
 solutions: env
 	$(PY) -m teacher.solutions
 
+# Teachers (nbgrader; course folder build/nbgrader): the student notebook, generated from
+# teacher/nbgrader/source/ and stored executed as notebooks/exercises/exercises.ipynb ...
+assignment: env
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m teacher.grading assignment
+
+# ... and autograding with feedback pages: the sample submissions by default; GRADE_ARGS= grades only the
+# notebooks placed in build/nbgrader/submitted/<student>/ddp_exercises/. nbgrader runs `alembic` through PATH.
+GRADE_ARGS ?= --samples
+grade: env
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m teacher.grading grade $(GRADE_ARGS)
+
 bench: env
 	$(PY) benchmarks/bench_pipelines.py --markdown
 
@@ -72,4 +83,4 @@ lab: env
 	$(VENV)/bin/jupyter lab notebooks/
 
 clean:
-	rm -rf runs .pytest_cache docs/_build docs/notebooks
+	rm -rf runs build/nbgrader .pytest_cache docs/_build docs/notebooks

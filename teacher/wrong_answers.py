@@ -100,7 +100,7 @@ def mean_local(value):
     return value
 
 
-@wrong("global_mean", "no_return", "add `return value`")
+@wrong("global_mean", "no_return", "return that tensor")
 def mean_no_return(value):
     dist.all_reduce(value)
     value /= dist.get_world_size()

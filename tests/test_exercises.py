@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it (not installed on purpose)
 
-from ddp_helpers.exercises import EXERCISES, NOT_DONE, CheckResult, summarize  # noqa: E402
+from ddp_helpers.exercises import EXERCISES, NOT_DONE, CheckResult, reset_hints, summarize  # noqa: E402
+from ddp_helpers.exercises._harness import AGAIN, COMMON_NUDGES, NO_NUDGE  # noqa: E402
 from teacher.solutions import SOLUTIONS  # noqa: E402
 from teacher.wrong_answers import WRONG  # noqa: E402
 
@@ -28,6 +29,33 @@ def _cells(tag=None):
 
 def _src(cell) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints():
+    """Every test starts as a learner who has not failed a check yet (the first failure gets the nudge)."""
+    reset_hints()
+    yield
+    reset_hints()
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.replace('"', "'").split())
+
+
+def _solution_statements(name: str) -> list:
+    """The solution's code lines (comments and docstring dropped), normalised, longer than one short call.
+
+    A specific hint may name the one call or argument a mistake lacks (`sampler.set_epoch(epoch)`,
+    `world_size=world_size`); it must not hand over the solution's real lines.
+    """
+    lines = inspect.getsource(SOLUTIONS[name]).splitlines()[2:]  # below the def line and the docstring
+    code = [_norm(line.split("  #")[0]) for line in lines]
+    return [c for c in code if len(c) > 24]
+
+
+def _nudge(wrong) -> str:
+    return EXERCISES[wrong.exercise].nudges.get(wrong.mistake) or COMMON_NUDGES.get(wrong.mistake, "")
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +115,72 @@ def test_empty_body_also_says_not_done_yet(capsys):
 
 @pytest.mark.parametrize("wrong", WRONG, ids=[f"{w.exercise}-{w.mistake}" for w in WRONG])
 def test_typical_wrong_answer_gets_its_hint(wrong, capsys):
+    """The first failure prints the nudge; the specific mistake is in .detail; neither spells out the solution."""
     result = EXERCISES[wrong.exercise](wrong.fn)
     printed = capsys.readouterr().out
     assert not result.passed
     assert result.mistake == wrong.mistake, result.message
-    assert wrong.hint in result.hint
+    assert wrong.hint in result.detail
     assert printed == f"TRY AGAIN  {wrong.exercise}: {result.hint}\n"
     assert "Traceback" not in printed
+    if wrong.mistake not in NO_NUDGE:
+        assert result.nudged and result.hint == f"{_nudge(wrong)} {AGAIN}", result.hint
+        assert wrong.hint not in result.hint, "the nudge gives the specific mistake away"
+    for text in (result.hint, result.detail):
+        given = [s for s in _solution_statements(wrong.exercise) if s in _norm(text)]
+        assert not given, f"the hint contains the solution's code {given}: {text}"
+
+
+def test_every_typical_mistake_has_a_nudge():
+    missing = {(w.exercise, w.mistake) for w in WRONG if w.mistake not in NO_NUDGE and not _nudge(w)}
+    assert not missing, f"mistakes without a first-tier hint: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("exercise_name, mistake", [("global_mean", "no_divide"),
+                                                    ("accumulation_step", "loss_not_scaled")])
+def test_asking_again_gives_the_specific_mistake(exercise_name, mistake, capsys):
+    wrong = next(w for w in WRONG if (w.exercise, w.mistake) == (exercise_name, mistake))
+    check = EXERCISES[exercise_name]
+    first, second, third = (check(wrong.fn) for _ in range(3))
+    printed = capsys.readouterr().out.splitlines()
+    assert first.nudged and wrong.hint not in first.hint
+    assert not second.nudged and second.hint == first.detail and wrong.hint in second.hint
+    assert third.hint == second.hint, "later failures keep the specific hint"
+    assert printed == [f"TRY AGAIN  {exercise_name}: {r.hint}" for r in (first, second, third)]
+
+
+def test_hint_tiers_are_counted_per_exercise(capsys):
+    """A first failure in one exercise gets its nudge even after failures in another; reset_hints starts over."""
+    by = {(w.exercise, w.mistake): w for w in WRONG}
+    mean_wrong, avg_wrong = by[("global_mean", "no_divide")], by[("average_gradients", "no_divide")]
+    EXERCISES["global_mean"](mean_wrong.fn, quiet=True)
+    assert EXERCISES["average_gradients"](avg_wrong.fn, quiet=True).nudged
+    assert not EXERCISES["global_mean"](mean_wrong.fn, quiet=True).nudged
+    reset_hints("global_mean")
+    assert EXERCISES["global_mean"](mean_wrong.fn, quiet=True).nudged
+
+
+def test_a_blank_does_not_use_up_the_nudge(blanks):
+    wrong = next(w for w in WRONG if (w.exercise, w.mistake) == ("global_mean", "no_divide"))
+    assert EXERCISES["global_mean"](blanks["global_mean"], quiet=True).mistake == NOT_DONE
+    assert EXERCISES["global_mean"](wrong.fn, quiet=True).nudged
+
+
+@pytest.mark.parametrize("name, world_size", [("global_mean", 4), ("shard_indices", 3), ("make_loader", 4)])
+def test_checks_run_at_another_world_size(name, world_size):
+    """The graded hidden tests run each check at another world size: solutions pass there too."""
+    result = EXERCISES[name](SOLUTIONS[name], quiet=True, world_size=world_size)
+    assert result.passed, result.message
+    assert str(world_size) in result.hint
+
+
+def test_a_world_size_the_check_cannot_use_is_refused():
+    from ddp_helpers.config import ConfigError
+
+    with pytest.raises(ConfigError, match="world_size=1"):
+        EXERCISES["global_mean"](SOLUTIONS["global_mean"], world_size=1)
+    with pytest.raises(ConfigError, match="divides 40"):
+        EXERCISES["make_loader"](SOLUTIONS["make_loader"], world_size=3)
 
 
 def test_an_unexpected_error_is_named_with_its_line(capsys):
@@ -153,3 +240,38 @@ def test_solved_notebook_passes_in_a_real_kernel(tmp_path):
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     last = "".join(o.get("text", "") for o in nb.cells[-2].outputs)
     assert last.rstrip().endswith(f"{len(EXERCISES)} of {len(EXERCISES)} exercises pass"), last
+
+
+def test_a_group_that_fails_to_form_is_launched_again(monkeypatch):
+    """A rank that failed inside the launcher's own group set-up (a busy machine) costs a retry, not a verdict."""
+    from ddp_helpers.exercises import _harness
+    from ddp_helpers.launcher import RankFailedError
+
+    calls = []
+
+    def flaky_launch(fn, world_size, **kwargs):
+        calls.append(kwargs["init_group"])
+        if len(calls) == 1:
+            raise RankFailedError(0, "RuntimeError: Gloo connectFullMesh failed",
+                                  traceback_text='File "launcher.py", line 124, in _join_group')
+        return [{"rank": r} for r in range(world_size)]
+
+    monkeypatch.setattr(_harness, "launch", flaky_launch)
+    assert _harness.run_ranks(lambda *a: None, 2, ()) == [{"rank": 0}, {"rank": 1}]
+    assert calls == [True, True]
+
+
+def test_a_rank_dying_in_the_learners_code_is_not_retried(monkeypatch):
+    from ddp_helpers.exercises import _harness
+    from ddp_helpers.launcher import RankFailedError
+
+    calls = []
+
+    def dying_launch(fn, world_size, **kwargs):
+        calls.append(1)
+        raise RankFailedError(1, "exit code 3", traceback_text='File "<cell>", line 2, in global_mean')
+
+    monkeypatch.setattr(_harness, "launch", dying_launch)
+    with pytest.raises(_harness.Verdict) as v:
+        _harness.run_ranks(lambda *a: None, 2, ())
+    assert v.value.mistake == "rank_died" and len(calls) == 1

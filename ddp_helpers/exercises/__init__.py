@@ -1,14 +1,16 @@
 """Exercise checks: run a learner's function on real ranks, compare with a reference, and name the mistake.
 
 Each ``check_*`` function takes the learner's function, runs it on 2 (sometimes 3) real processes, prints one
-line (PASS, NOT DONE YET, or TRY AGAIN with a hint) and returns a :class:`CheckResult`. One module per
+line (PASS, NOT DONE YET, or TRY AGAIN with a hint) and returns a :class:`CheckResult`. Hints come in two tiers:
+an exercise's first failed check prints a nudge, the next ones the specific mistake (``reset_hints`` starts
+over). ``world_size=`` runs a check on another number of ranks (the graded hidden tests do). One module per
 exercise holds its check; ``_harness`` holds what they share (running the ranks, judging their reports).
 """
 from __future__ import annotations
 
 from typing import Callable, Dict
 
-from ._harness import NOT_DONE, CheckResult, summarize
+from ._harness import NOT_DONE, CheckResult, reset_hints, summarize
 from .accumulation import check_accumulation_step
 from .average_gradients import check_average_gradients
 from .global_mean import check_global_mean
@@ -31,5 +33,5 @@ EXERCISES: Dict[str, Callable[..., CheckResult]] = {
 __all__ = [
     "EXERCISES", "NOT_DONE", "CheckResult", "check_accumulation_step", "check_average_gradients",
     "check_global_mean", "check_init_group", "check_make_loader", "check_save_checkpoint", "check_shard_indices",
-    "summarize",
+    "reset_hints", "summarize",
 ]

@@ -26,6 +26,7 @@ from ..launcher import LaunchError, RankFailedError, is_comm_error, launch
 START_METHOD = "auto"
 CHECK_TIMEOUT_S = 40.0  # a whole check; a learner's deadlock ends here at the latest
 COLLECTIVE_TIMEOUT_S = 8.0  # a rank waiting in a collective its peer never joins fails after this long
+SETUP_ATTEMPTS = 2  # launches of a check whose process group failed to form before the learner's code ran
 
 NOT_DONE = "not_done"
 NOT_DONE_HINT = "replace the `raise NotImplementedError(...)` line with your code, then run this cell again."
@@ -33,12 +34,21 @@ NOT_DONE_HINT = "replace the `raise NotImplementedError(...)` line with your cod
 
 @dataclass
 class CheckResult:
-    """Outcome of one check: passed, the hint (or what was verified), and a short code naming the mistake."""
+    """Outcome of one check: passed, the hint shown (or what was verified), the mistake's code and exact text."""
 
     exercise: str
     passed: bool
-    hint: str
+    hint: str  # what the check printed: a nudge the first time a mistake is seen, else the specific mistake
     mistake: str = ""  # "" when passed, NOT_DONE for a blank, else a code such as "no_divide"
+    detail: str = ""  # the specific mistake found (the same as hint when no nudge was given)
+
+    def __post_init__(self) -> None:
+        self.detail = self.detail or self.hint
+
+    @property
+    def nudged(self) -> bool:
+        """True when hint is the first tier (a nudge), not yet the specific mistake."""
+        return self.hint != self.detail
 
     @property
     def done(self) -> bool:
@@ -71,14 +81,49 @@ def summarize(results: Sequence[CheckResult]) -> str:
 class Verdict(Exception):
     """Raised anywhere inside a check (in the parent) to end it with this outcome."""
 
-    def __init__(self, mistake: str, hint: str, passed: bool = False):
+    def __init__(self, mistake: str, hint: str, passed: bool = False, nudge: str = ""):
         super().__init__(hint)
-        self.mistake, self.hint, self.passed = mistake, hint, passed
+        self.mistake, self.hint, self.passed, self.nudge = mistake, hint, passed, nudge
 
 
-def fail(mistake: str, hint: str) -> Verdict:
-    """The verdict for a mistake: `raise fail(...)`, or return it from a diagnosis."""
-    return Verdict(mistake, hint)
+def fail(mistake: str, hint: str, nudge: str = "") -> Verdict:
+    """The verdict for a mistake: `raise fail(...)`, or return it from a diagnosis (nudge: its first tier)."""
+    return Verdict(mistake, hint, nudge=nudge)
+
+
+# ------------------------------------------------------------------------------------------------ tiered hints
+# The first failed check of an exercise prints a nudge (where to look); running it again prints the specific
+# mistake. A learner who thinks it over after the nudge finds the bug themselves; one who is stuck asks again.
+# The count lives in this process, i.e. in the notebook's kernel: restarting the kernel starts over.
+AGAIN = "Run the check again for the exact mistake."
+# Mistakes whose specific text is only a fact about the learner's run (an error, a hang), never an answer.
+NO_NUDGE = {NOT_DONE, "not_callable", "error", "timeout", "rank_died", "cannot_launch"}
+COMMON_NUDGES = {
+    "hardcoded_world_size": "right on 2 ranks but wrong on another number of ranks: is a number of ranks written "
+                            "into your code?",
+    "collective_mismatch": "one rank waited for the others in a collective: do all ranks run the same "
+                           "communication calls?",
+}
+_failed_checks: Dict[str, int] = {}
+
+
+def reset_hints(exercise_name: Optional[str] = None) -> None:
+    """Forget the failed checks (of one exercise, or of all): the next failure gets a nudge again."""
+    if exercise_name is None:
+        _failed_checks.clear()
+    else:
+        _failed_checks.pop(exercise_name, None)
+
+
+def _tiered(exercise_name: str, v: Verdict, nudges: Dict[str, str]) -> CheckResult:
+    """The result for a failed check: the nudge on this exercise's first failure, the specific hint after."""
+    if v.mistake in NO_NUDGE:
+        return CheckResult(exercise_name, False, v.hint, v.mistake)
+    _failed_checks[exercise_name] = _failed_checks.get(exercise_name, 0) + 1
+    nudge = v.nudge or nudges.get(v.mistake) or COMMON_NUDGES.get(v.mistake, "")
+    if nudge and _failed_checks[exercise_name] == 1:
+        return CheckResult(exercise_name, False, f"{nudge} {AGAIN}", v.mistake, v.hint)
+    return CheckResult(exercise_name, False, v.hint, v.mistake, v.hint)
 
 
 class Mistake(Exception):
@@ -115,7 +160,8 @@ def _is_blank(fn: Callable) -> bool:
     return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
 
 
-def _run_checked(exercise: str, body: Callable[[], str], student_fn: Any, quiet: bool) -> CheckResult:
+def _run_checked(exercise: str, body: Callable[[], str], student_fn: Any, quiet: bool,
+                 nudges: Dict[str, str]) -> CheckResult:
     """Refuse a non-function or an empty body, run the check's body, print and return its result."""
     try:
         if not callable(student_fn):
@@ -126,21 +172,30 @@ def _run_checked(exercise: str, body: Callable[[], str], student_fn: Any, quiet:
                                  "again.")
         result = CheckResult(exercise, True, body())
     except Verdict as v:
-        result = CheckResult(exercise, v.passed, v.hint, "" if v.passed else v.mistake)
+        result = CheckResult(exercise, True, v.hint) if v.passed else _tiered(exercise, v, nudges)
     if not quiet:
         print(result.message)
     return result
 
 
-def exercise(name: str) -> Callable[[Callable[[Callable], str]], Callable[..., CheckResult]]:
-    """Decorator: turn a body (raising Verdict, returning a PASS text) into a printing, CheckResult check."""
+def exercise(name: str, nudges: Optional[Dict[str, str]] = None
+             ) -> Callable[[Callable[[Callable, Optional[int]], str]], Callable[..., CheckResult]]:
+    """Decorator: turn a body (raising Verdict, returning a PASS text) into a printing, CheckResult check.
 
-    def deco(body: Callable[[Callable], str]) -> Callable[..., CheckResult]:
+    The body gets the learner's function and the world size asked for (None: the exercise's own); nudges maps
+    a mistake code to the first-tier hint printed the first time this exercise fails.
+    """
+
+    def deco(body: Callable[[Callable, Optional[int]], str]) -> Callable[..., CheckResult]:
         @functools.wraps(body)
-        def check(student_fn: Callable, quiet: bool = False) -> CheckResult:
-            return _run_checked(name, lambda: body(student_fn), student_fn, quiet)
+        def check(student_fn: Callable, quiet: bool = False, world_size: Optional[int] = None) -> CheckResult:
+            if world_size is not None and (not isinstance(world_size, int) or world_size < 2):
+                raise ConfigError(f"world_size={world_size!r}: a check needs an int of at least 2 ranks "
+                                  "(or leave it out for the exercise's own).")
+            return _run_checked(name, lambda: body(student_fn, world_size), student_fn, quiet, nudges or {})
 
         check.exercise = name  # type: ignore[attr-defined]
+        check.nudges = dict(nudges or {})  # type: ignore[attr-defined]
         return check
 
     return deco
@@ -254,10 +309,19 @@ def run_ranks(harness: Callable, world_size: int, args: tuple,
     if START_METHOD == "fork" and torch.cuda.is_initialized():  # said for learners, before launch refuses it
         raise fail("cannot_launch", "CUDA is initialized in this kernel, so forked ranks can't start: restart the "
                                     "kernel and run the exercises before touching CUDA.")
+    deadline = _Deadline(CHECK_TIMEOUT_S)
     try:
-        outs = launch(harness, world_size=world_size, args=args, backend="gloo", start_method=START_METHOD,
-                      timeout_s=COLLECTIVE_TIMEOUT_S, threads_per_rank=1, on_poll=_Deadline(CHECK_TIMEOUT_S),
-                      init_group=init_group)
+        for attempt in range(SETUP_ATTEMPTS):
+            try:
+                outs = launch(harness, world_size=world_size, args=args, backend="gloo", start_method=START_METHOD,
+                              timeout_s=COLLECTIVE_TIMEOUT_S, threads_per_rank=1, on_poll=deadline,
+                              init_group=init_group)
+                break
+            except RankFailedError as e:
+                # The group the check sets up failed before the learner's code ran (on a machine so busy that a
+                # rank reached the rendezvous after its peer's timeout): not the learner's mistake, so again.
+                if not (init_group and "_join_group" in e.traceback_text) or attempt == SETUP_ATTEMPTS - 1:
+                    raise
     except _CheckDeadline:
         raise timeout_verdict() from None
     except (LaunchError, ConfigError) as e:
@@ -300,17 +364,20 @@ def student_outcomes(outs: Sequence[Optional[Dict[str, Any]]], key: str = "call"
     return list(calls.values())
 
 
-def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Callable) -> None:
-    """Run on 2 ranks, then on 3: an answer right on 2 but wrong on 3 has the world size hard-coded."""
-    verdict = diagnose(run_ranks(harness, 2, (student_fn,)), 2)
-    if verdict is not None:
+def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Callable,
+                           world_size: Optional[int] = None) -> Tuple[int, ...]:
+    """Run on 2 ranks, then on 3 (or on world_size only): an answer right on 2 but wrong on 3 has the world size
+    hard-coded. Returns the world sizes it ran."""
+    sizes = (2, 3) if world_size is None else (world_size,)
+    for k, size in enumerate(sizes):
+        verdict = diagnose(run_ranks(harness, size, (student_fn,)), size)
+        if verdict is None:
+            continue
+        if k > 0 and verdict.mistake in ("no_divide", "divided_twice", "wrong_value"):
+            raise fail("hardcoded_world_size", f"right on {sizes[0]} ranks but wrong on {size}: divide by "
+                                               "dist.get_world_size(), not a fixed 2.")
         raise verdict
-    verdict = diagnose(run_ranks(harness, 3, (student_fn,)), 3)
-    if verdict is not None:
-        if verdict.mistake in ("no_divide", "divided_twice", "wrong_value"):
-            raise fail("hardcoded_world_size", "right on 2 ranks but wrong on 3: divide by dist.get_world_size(), "
-                                               "not a fixed 2.")
-        raise verdict
+    return sizes
 
 
 # ------------------------------------------------------------------------------------------------- comparisons

@@ -1,7 +1,7 @@
 """Exercise 6, accumulation_step(ddp_model, optimizer, micro_batches): no_sync on all but the last backward."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -13,6 +13,19 @@ from ._harness import call_student, exercise, fail, rel_close, run_ranks, studen
 from ._reference import rank_batch, reference_grads, reference_model
 
 ACC_MICRO, ACC_BATCH, ACC_LR = 3, 8, 0.5  # micro-batches per step, samples per micro-batch, SGD learning rate
+WORLD_SIZE = 2
+
+NUDGES = {
+    "no_step": "the parameters never moved: which call applies the gradients?",
+    "step_each": "the optimizer stepped more than once for one call of your function.",
+    "no_sync_everywhere": "the replicas ended up different: did any backward pass communicate at all?",
+    "ranks_differ": "the replicas ended up different after the step.",
+    "no_no_sync": "the update is right, but count how often the ranks communicated.",
+    "loss_not_scaled": "the update has the right direction but the wrong size: what does one step on the mean "
+                       "loss of all micro-batches need?",
+    "zero_grad_inside": "not every micro-batch's gradient made it into the step: where do gradients get reset?",
+    "wrong_update": "the update is not one step on the mean loss of all the micro-batches.",
+}
 
 
 def _flat_params(model: torch.nn.Module) -> np.ndarray:
@@ -46,10 +59,10 @@ def _reference_grad(world_size: int, micro_ids: Sequence[int], scale: float) -> 
     return np.concatenate(reference_grads(world_size, micro_ids, ACC_BATCH)) * scale
 
 
-@exercise("accumulation_step")
-def check_accumulation_step(student_fn: Callable) -> str:
+@exercise("accumulation_step", NUDGES)
+def check_accumulation_step(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 6: accumulation_step(ddp_model, optimizer, micro_batches) with no_sync on all but the last."""
-    world_size = 2
+    world_size = world_size or WORLD_SIZE
     outs = run_ranks(_in_rank, world_size, (student_fn,))
     student_outcomes(outs)
     steps, calls = outs[0]["steps"], outs[0]["allreduces"]
@@ -72,8 +85,8 @@ def check_accumulation_step(student_fn: Callable) -> str:
     if rel_close(used[0], expected):
         if calls > 1:
             raise fail("no_no_sync", f"right result, but the gradients were all-reduced {calls} times, once per "
-                                     "micro-batch: wrap every backward except the last in `with "
-                                     "ddp_model.no_sync():` so only one all-reduce runs.")
+                                     "micro-batch: let every backward except the last accumulate "
+                                     "locally, inside DDP's no_sync() context, so only one all-reduce runs.")
         return (f"one all-reduce for {ACC_MICRO} micro-batches, and the update equals one SGD step on the mean "
                 "gradient of the whole global batch.")
     if rel_close(used[0], expected * ACC_MICRO):
@@ -86,8 +99,8 @@ def check_accumulation_step(student_fn: Callable) -> str:
                                        "the loop, so the micro-batches' gradients add up.")
     if not np.any(used[0]):
         raise fail("no_step", "the parameters did not change: call optimizer.step() after the last backward.")
-    raise fail("wrong_update", "the update differs from one SGD step on the mean gradient of all micro-batches: "
-                               "zero the gradients once, backward each loss / len(micro_batches) (no_sync on all "
-                               "but the last), then step once.")
+    raise fail("wrong_update", "the update differs from one SGD step on the mean gradient of all micro-batches "
+                               "of all ranks. Compare it with the one-process recipe: how often are the gradients "
+                               "reset, how is each micro-batch's loss weighted, how many steps are taken?")
 
 

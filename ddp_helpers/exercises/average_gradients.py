@@ -13,6 +13,17 @@ from ._harness import (Verdict, call_student, check_on_2_and_3_ranks, close, exe
                        swap_globals)
 from ._reference import GRAD_BATCH, rank_batch, reference_grads
 
+NUDGES = {
+    "grad_removed": "some gradients are gone after your function.",
+    "reduced_params": "the ranks combined something, but not the gradients.",
+    "no_divide": "the ranks now agree, but not on the mean: what does all_reduce's default operation compute?",
+    "divided_twice": "the ranks now agree, but their gradients are too small: count the divisions.",
+    "op_max": "the ranks now agree, but not on the mean: which reduction did you ask all_reduce for?",
+    "no_allreduce": "the ranks never combined their gradients, so they still differ.",
+    "some_params": "the model has more than one parameter: were they all averaged?",
+    "ranks_differ": "the ranks' gradients still differ after your function.",
+}
+
 
 def _grads(model: torch.nn.Module) -> List[Optional[np.ndarray]]:
     """A copy of each parameter's gradient as a flat float64 array (None where there is none)."""
@@ -110,11 +121,11 @@ def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
                                "ReduceOp.SUM, then divide by the world size.")
 
 
-@exercise("average_gradients")
-def check_average_gradients(student_fn: Callable) -> str:
+@exercise("average_gradients", NUDGES)
+def check_average_gradients(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 5: average_gradients(model) must leave every rank's p.grad equal to the mean over ranks."""
-    check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn)
+    sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size)
     return ("after your function every rank holds the mean gradient (the single-process gradient of the global "
-            "batch), on 2 ranks and on 3.")
+            f"batch), on {' and on '.join(map(str, sizes))} ranks.")
 
 

@@ -9,12 +9,29 @@ import torch
 from ._harness import (Verdict, call_student, check_on_2_and_3_ranks, close, exercise, fail, fmt,
                        student_outcomes)
 
-MEAN_VALUES = ([1.0, 8.0], [5.0, 2.0], [9.0, -1.0])  # rank r's tensor; sum, max, mean, min all tell apart
+MEAN_VALUES = ([1.0, 8.0], [5.0, 2.0], [9.0, -1.0], [-3.0, 4.0])  # rank r's; sum, max, mean, min tell apart
+
+NUDGES = {
+    "no_return": "the ranks did combine their tensors, but look at what your function gives back.",
+    "no_divide": "every rank got the same numbers, but not the mean: what does all_reduce's default operation "
+                 "compute?",
+    "divided_twice": "every rank got the same numbers, but too small: count how many times the world size "
+                     "divides them.",
+    "op_max": "every rank got the same numbers, but not the mean: which reduction did you ask all_reduce for?",
+    "no_allreduce": "the ranks never combined their tensors: which collective lets every rank see all the "
+                    "others' values?",
+    "ranks_differ": "the ranks don't agree on the result: do they all run the same steps?",
+}
+
+
+def _value(rank: int) -> List[float]:
+    """Rank r's tensor: fixed for the first ranks (their sum, max and mean all differ), a formula beyond."""
+    return MEAN_VALUES[rank] if rank < len(MEAN_VALUES) else [2.5 * rank - 1.0, 7.0 - rank]
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
     """In each rank: the learner's function on this rank's tensor, and that tensor afterwards."""
-    value = torch.tensor(MEAN_VALUES[rank])
+    value = torch.tensor(_value(rank))
     call = call_student(student_fn, value)
     if call["status"] == "ok":
         v = call["value"]
@@ -25,13 +42,13 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
 def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
     """The verdict for one run (None when every rank got the mean)."""
     calls = student_outcomes(outs)
-    vals = np.array(MEAN_VALUES[:world_size])
+    vals = np.array([_value(r) for r in range(world_size)])
     mean, total = vals.mean(0), vals.sum(0)
     got = [c["value"] for c in calls]
     if any(g is None for g in got):
         if all(close(o["input_after"], mean) for o in outs):
             return fail("no_return", "the mean is in the tensor you all_reduce'd, but your function returned None: "
-                                     "add `return value`.")
+                                     "return that tensor.")
         return fail("no_return", "your function returned None: return the averaged tensor.")
     if any(len(g) != len(mean) for g in got):
         return fail("wrong_shape", f"expected a tensor of {len(mean)} numbers, got {[len(g) for g in got]}.")
@@ -58,10 +75,10 @@ def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
     return fail("wrong_value", f"every rank got {fmt(got[0])}, expected the mean {fmt(mean)}.")
 
 
-@exercise("global_mean")
-def check_global_mean(student_fn: Callable) -> str:
+@exercise("global_mean", NUDGES)
+def check_global_mean(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 2: global_mean(value) must return the element-wise mean of value over all ranks."""
-    check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn)
-    return "every rank gets the mean, on 2 ranks and on 3."
+    sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size)
+    return f"every rank gets the mean, on {' and on '.join(map(str, sizes))} ranks."
 
 

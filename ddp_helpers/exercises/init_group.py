@@ -24,6 +24,21 @@ PORT_ATTEMPTS = 3  # the free port we picked can be taken by another program bef
 
 Problem = Tuple[str, str]  # (mistake code, hint)
 
+NUDGES = {
+    "nccl_on_cpu": "these ranks have no GPUs: is your backend one that works on the CPU?",
+    "bad_backend": "is your backend one that works on the CPU?",
+    "wrong_rank": "two processes claim the same place in the group: which rank does each one join as?",
+    "wrong_world_size": "the group is waiting for a different number of processes than are starting.",
+    "no_address": "the processes don't know where to meet.",
+    "fixed_port": "the processes met, but not where the checker asked them to: look at your function's "
+                  "arguments.",
+    "bad_host": "the address you gave is not this machine.",
+    "bad_init_method": "the rendezvous address is not in a form init_process_group understands.",
+    "destroyed": "the group was set up, but it is gone when your function returns.",
+    "no_init": "after your function the process is not in any process group.",
+    "not_one_group": "the ranks are not all in one group.",
+}
+
 
 def _loopback(host: Optional[str]) -> bool:
     """True when host resolves to this machine's loopback addresses only."""
@@ -65,8 +80,9 @@ def _address_problem(method: Any, port: int) -> Optional[Problem]:
     if method is None or method == "env://":
         host, used = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         if not host or not used:
-            return "no_address", ("the ranks have no address to meet at: pass init_method=f'tcp://127.0.0.1:{port}' "
-                                  "(or set MASTER_ADDR and MASTER_PORT before the default init_method='env://').")
+            return "no_address", ("the ranks have no address to meet at: pass an init_method URL of the form "
+                                  "tcp://<host>:<port> on this machine (or set MASTER_ADDR and MASTER_PORT before "
+                                  "the default init_method='env://').")
     elif isinstance(method, str) and method.startswith("tcp://"):
         parts = urllib.parse.urlsplit(method)
         host = parts.hostname
@@ -75,16 +91,15 @@ def _address_problem(method: Any, port: int) -> Optional[Problem]:
         except ValueError:
             used = None
         if used is None:
-            return "no_address", f"init_method={method!r} has no port: use f'tcp://127.0.0.1:{{port}}'."
+            return "no_address", f"init_method={method!r} has no port: add the `port` your function was given."
     elif isinstance(method, str) and method.startswith("file://"):
         return None
     else:
-        return "bad_init_method", (f"init_method={method!r} is not a rendezvous URL: use "
-                                   "f'tcp://127.0.0.1:{port}'.")
+        return "bad_init_method", (f"init_method={method!r} is not a rendezvous URL: use one of the form "
+                                   "tcp://<host>:<port>.")
     if str(used) != str(port):
         return "fixed_port", (f"the ranks met on port {used}, not on the `port` argument: a fixed port (like the "
-                              "listing's 23456) collides with any other job using it. Use "
-                              "init_method=f'tcp://127.0.0.1:{port}'.")
+                              "listing's 23456) collides with any other job using it. Build the URL from `port`.")
     if not _loopback(host):
         return "bad_host", f"host {host!r} is not this machine: use 127.0.0.1 (all ranks run here)."
     return None
@@ -146,20 +161,20 @@ def _port_taken(outs: Sequence[Optional[Dict[str, Any]]]) -> bool:
                o["call"]["message"].lower() for o in outs)
 
 
-def _run_on_a_free_port(student_fn: Callable) -> List[Optional[Dict[str, Any]]]:
+def _run_on_a_free_port(student_fn: Callable, world_size: int) -> List[Optional[Dict[str, Any]]]:
     """The ranks' reports (None for a rank stopped early); on a new port if another program took ours."""
     for _attempt in range(PORT_ATTEMPTS):
-        outs = run_ranks(_in_rank, WORLD_SIZE, (student_fn, free_port()), init_group=False)
+        outs = run_ranks(_in_rank, world_size, (student_fn, free_port()), init_group=False)
         if not _port_taken(outs):
             break
     return outs
 
 
-@exercise("init_group")
-def check_init_group(student_fn: Callable) -> str:
+@exercise("init_group", NUDGES)
+def check_init_group(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 1: init_group(rank, world_size, port) must join a gloo process group that meets on `port`."""
-    world_size = WORLD_SIZE
-    outs = _run_on_a_free_port(student_fn)
+    world_size = world_size or WORLD_SIZE
+    outs = _run_on_a_free_port(student_fn, world_size)
     student_outcomes(outs)  # a rank stopped early (None) means another reported a problem: this raises its verdict
     for r, o in enumerate(outs):
         if not o["initialized"]:
@@ -178,7 +193,8 @@ def check_init_group(student_fn: Callable) -> str:
     if any(s != expected for s in sums):
         raise fail("not_one_group", f"an all_reduce over your group gave {sums}, expected {expected} on every rank: "
                                     "the ranks are not in one group.")
-    return (f"both ranks joined one gloo process group (rank 0 and rank 1 of {world_size}), and an all_reduce "
-            f"across it gave {expected:g} = 1 + 2 on each.")
+    terms = " + ".join(str(r + 1) for r in range(world_size))
+    return (f"all {world_size} ranks joined one gloo process group under their own numbers, and an all_reduce "
+            f"across it gave {expected:g} = {terms} on each.")
 
 

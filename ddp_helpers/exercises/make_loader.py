@@ -1,14 +1,32 @@
 """Exercise 4, make_loader(dataset, rank, world_size, batch_size, epoch): DistributedSampler and set_epoch."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from ..config import ConfigError
 from ._harness import Verdict, call_cases, exercise, fail, run_ranks, student_outcomes
 
 LOADER_N, LOADER_BATCH = 40, 4
+WORLD_SIZE = 2
+
+NUDGES = {
+    "no_sampler": "each rank should read only its own part of the data set: which DataLoader argument decides "
+                  "the order and choice of samples?",
+    "wrong_replicas": "the sampler has a wrong idea of how many ranks share the data set.",
+    "wrong_rank": "two ranks read the same part of the data set: how does the sampler know which part is "
+                  "whose?",
+    "seed_per_rank": "the ranks' shuffles don't fit together: should each rank shuffle differently?",
+    "batch_size": "the batches have the wrong size.",
+    "not_shuffled": "every epoch has the same, unshuffled order.",
+    "no_set_epoch": "the order of the samples does not change from one epoch to the next: what does the sampler "
+                    "need to be told at the start of each epoch?",
+    "overlap": "the ranks' samples overlap, or some samples are missing.",
+    "nondeterministic": "the same epoch gave two different orders: who does the shuffling?",
+    "shuffle_and_sampler": "the DataLoader refused your arguments: which of them do the same job twice?",
+}
 
 
 def _describe(loader: Any) -> Dict[str, Any]:
@@ -42,11 +60,10 @@ def _check_samplers(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]
     """Raise the verdict for the first wrong setting of the ranks' epoch-0 loaders and samplers."""
     if not all(info["e0"]["distributed"] for info in infos):
         if all(sorted(s) == list(range(LOADER_N)) for s in seen["e0"]):
-            raise fail("no_sampler", f"every rank iterates all {LOADER_N} samples (Listing 7.2's bug): pass "
-                                     "sampler=DistributedSampler(dataset, num_replicas=world_size, rank=rank) to "
-                                     "the DataLoader.")
-        raise fail("no_sampler", f"the loader uses a {infos[0]['e0']['sampler']}: use "
-                                 "torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank).")
+            raise fail("no_sampler", f"every rank iterates all {LOADER_N} samples (Listing 7.2's bug): give the "
+                                     "DataLoader a DistributedSampler that knows this rank and the world size.")
+        raise fail("no_sampler", f"the loader uses a {infos[0]['e0']['sampler']}: use a "
+                                 "torch.utils.data.DistributedSampler that knows this rank and the world size.")
     for r, info in enumerate(infos):
         if info["e0"]["num_replicas"] != world_size:
             raise fail("wrong_replicas", f"rank {r}'s sampler has num_replicas={info['e0']['num_replicas']}: pass "
@@ -72,8 +89,8 @@ def _check_epochs(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]])
         raise fail("no_set_epoch", "epoch 1 repeats epoch 0's order: call sampler.set_epoch(epoch) before "
                                    "iterating (DistributedSampler reshuffles only when told the epoch).")
     for k in ("e0", "e1"):
-        union = set(seen[k][0]) | set(seen[k][1])
-        if set(seen[k][0]) & set(seen[k][1]) or union != set(range(LOADER_N)):
+        flat = [i for s in seen[k] for i in s]
+        if len(set(flat)) != len(flat) or set(flat) != set(range(LOADER_N)):
             raise fail("overlap", f"in epoch {k[1]} the ranks' samples overlap or miss some: pass rank=rank and "
                                   "num_replicas=world_size to DistributedSampler.")
     if seen["e0_again"] != seen["e0"]:
@@ -81,10 +98,13 @@ def _check_epochs(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]])
                                        "DistributedSampler shuffle (seeded), not the DataLoader.")
 
 
-@exercise("make_loader")
-def check_make_loader(student_fn: Callable) -> str:
+@exercise("make_loader", NUDGES)
+def check_make_loader(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 4: make_loader(dataset, rank, world_size, batch_size, epoch) with DistributedSampler + set_epoch."""
-    world_size = 2
+    world_size = world_size or WORLD_SIZE
+    if LOADER_N % world_size:
+        raise ConfigError(f"world_size={world_size}: the loader check needs a world size that divides {LOADER_N} "
+                          "(its sampler would pad otherwise), e.g. 2, 4 or 5.")
     outs = run_ranks(_in_rank, world_size, (student_fn,))
     try:
         student_outcomes(outs)
@@ -98,5 +118,5 @@ def check_make_loader(student_fn: Callable) -> str:
     seen = {k: [[i for b in info[k]["batches"] for i in b] for info in infos] for k in ("e0", "e1", "e0_again")}
     _check_samplers(infos, seen, world_size)
     _check_epochs(infos, seen)
-    return (f"each rank reads its own {LOADER_N // world_size} of the {LOADER_N} samples in batches of "
-            f"{LOADER_BATCH}, and set_epoch gives every epoch a new order.")
+    return (f"each of the {world_size} ranks reads its own {LOADER_N // world_size} of the {LOADER_N} samples in "
+            f"batches of {LOADER_BATCH}, and set_epoch gives every epoch a new order.")

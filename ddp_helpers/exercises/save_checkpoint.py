@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,20 @@ from ._reference import GRAD_BATCH, rank_batch, reference_model
 
 STEP = 5  # the step number the learner's function is given and must save
 FILE_NAME = "checkpoint.pt"
+WORLD_SIZE = 2
+
+NUDGES = {
+    "every_rank_writes": "more than one rank wrote the checkpoint: how many copies of identical weights are "
+                         "needed?",
+    "not_rank0": "a rank other than the usual one wrote the checkpoint.",
+    "no_file": "there is no checkpoint at `path` after your function.",
+    "not_atomic": "think about a crash in the middle of writing: what would be left at `path`?",
+    "temp_left": "something else is left in the checkpoint's folder.",
+    "not_weights_only": "the file can't be loaded safely: what kinds of objects did you save?",
+    "format": "the saved dictionary is not quite what the exercise asks for.",
+    "module_prefix": "a plain, unwrapped model can't load the saved weights: compare the names of their keys.",
+    "stale_weights": "the saved weights are not the model's current ones.",
+}
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable, path: str) -> Dict[str, Any]:
@@ -114,12 +128,12 @@ def _check_contents(ckpt: Any, params: Dict[str, torch.Tensor]) -> None:
         raise fail("format", "ckpt['optimizer'] has no state (momentum buffers): save optimizer.state_dict().")
 
 
-@exercise("save_checkpoint")
-def check_save_checkpoint(student_fn: Callable) -> str:
+@exercise("save_checkpoint", NUDGES)
+def check_save_checkpoint(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 7: save_checkpoint(ddp_model, optimizer, step, path): rank 0 only, atomic, no 'module.' prefix."""
     with tempfile.TemporaryDirectory(prefix="ddp-exercise-") as folder:
         path = os.path.join(folder, FILE_NAME)
-        outs = run_ranks(_in_rank, 2, (student_fn, path))
+        outs = run_ranks(_in_rank, world_size or WORLD_SIZE, (student_fn, path))
         student_outcomes(outs)
         _check_writing(outs, folder, path)
         ckpt = _load(path)

@@ -1,7 +1,7 @@
 """Exercise 3, shard_indices(n, rank, world_size, epoch, seed): disjoint, covering, equal shards, reshuffled."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -9,6 +9,21 @@ import torch
 from ._harness import call_cases, exercise, fail, run_ranks, student_outcomes
 
 SHARD_SEED = 7
+WORLD_SIZE = 2
+
+NUDGES = {
+    "out_of_range": "some index is not a position in the data set.",
+    "every_rank_all": "each rank should see only its own part of the data set: how big is one rank's part?",
+    "unequal_lengths": "the ranks got different numbers of indices: what happens to a rank that runs out of "
+                       "batches first?",
+    "overlap": "some samples are on two ranks: can the ranks split one order between them if each shuffles "
+               "differently?",
+    "not_covering": "some samples are on no rank at all.",
+    "not_shuffled": "the indices come out in a fixed order.",
+    "nondeterministic": "the same arguments gave two different answers: where does your randomness come from?",
+    "same_every_epoch": "think about what should change from one epoch to the next.",
+    "seed_ignored": "one of your function's arguments has no effect on the result.",
+}
 
 
 def _indices(value: Any) -> Dict[str, Any]:
@@ -36,7 +51,7 @@ def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
             raise fail("out_of_range", f"rank {r} got index {bad[0]}, but the data set has indices 0..{n - 1}.")
     if all(sorted(s) == list(range(n)) for s in shards):
         raise fail("every_rank_all", f"every rank got all {n} indices (the listing's bug: no sampler): keep only "
-                                     "this rank's 1/world_size share, e.g. perm[rank::world_size].")
+                                     "this rank's 1/world_size share of the shuffled indices.")
     lengths = [len(s) for s in shards]
     if len(set(lengths)) > 1:
         raise fail("unequal_lengths", f"n={n}: the ranks got {lengths} indices. A rank with fewer batches "
@@ -45,11 +60,10 @@ def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
     per_rank = -(-n // world_size)
     counts = np.bincount([i for s in shards for i in s], minlength=n)
     repeats = int((counts - 1).clip(min=0).sum())  # padding allows per_rank * world_size - n of them
-    overlap = set(shards[0]).intersection(*map(set, shards[1:])) if len(shards) > 1 else set()
     if repeats > max(per_rank * world_size - n, 0):
-        raise fail("overlap", f"n={n}: ranks 0 and 1 share {len(overlap)} indices. Shuffle with the same seed on "
-                              "every rank (seed + epoch, not rank), then split that one permutation: "
-                              "perm[rank::world_size].")
+        raise fail("overlap", f"n={n}: {int((counts > 1).sum())} indices are on more than one rank. Shuffle with "
+                              "the same seed on every rank (from seed and epoch, not rank), then give each rank "
+                              "its own share of that one permutation.")
     missing = sorted(set(range(n)) - {i for s in shards for i in s})
     if missing:
         raise fail("not_covering", f"n={n}: indices {missing[:5]} are never used by any rank: every sample must "
@@ -59,13 +73,14 @@ def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
                                       f"= {per_rank}.")
 
 
-@exercise("shard_indices")
-def check_shard_indices(student_fn: Callable) -> str:
+@exercise("shard_indices", NUDGES)
+def check_shard_indices(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 3: shard_indices(n, rank, world_size, epoch, seed): disjoint, covering, equal, reshuffled."""
-    outs = run_ranks(_in_rank, 2, (student_fn,))
+    world_size = world_size or WORLD_SIZE
+    outs = run_ranks(_in_rank, world_size, (student_fn,))
     student_outcomes(outs)
     ranks = [{k: v["value"] for k, v in o.items() if k != "call"} for o in outs]
-    _check_split([r["n12_e0"] for r in ranks], 12, 2)
+    _check_split([r["n12_e0"] for r in ranks], 12, world_size)
     if all(r["n12_e0"] == sorted(r["n12_e0"]) for r in ranks):
         raise fail("not_shuffled", "each rank's indices come in increasing order: shuffle them, with a "
                                    "torch.Generator seeded with seed + epoch.")
@@ -73,14 +88,16 @@ def check_shard_indices(student_fn: Callable) -> str:
         raise fail("nondeterministic", "the same (n, rank, epoch, seed) gave a different order the second time, "
                                        "so the ranks can't agree on one permutation: use a torch.Generator seeded "
                                        "with seed + epoch, not the global random state.")
-    _check_split([r["n12_e1"] for r in ranks], 12, 2)
+    _check_split([r["n12_e1"] for r in ranks], 12, world_size)
     if all(r["n12_e1"] == r["n12_e0"] for r in ranks):
         raise fail("same_every_epoch", "epoch 1 repeats epoch 0's order: mix the epoch into the generator's seed "
                                        "(that is what sampler.set_epoch(epoch) does).")
     if all(r["n12_seed"] == r["n12_e0"] for r in ranks):
         raise fail("seed_ignored", "a different seed gave the same order: seed the generator with seed + epoch.")
-    _check_split([r["n11_e0"] for r in ranks], 11, 2)
-    return ("disjoint shards of equal length that cover the data set (11 samples: 6 each, one repeated), "
-            "reshuffled every epoch and reproducible from the seed.")
+    _check_split([r["n11_e0"] for r in ranks], 11, world_size)
+    per_rank = -(-11 // world_size)
+    return (f"disjoint shards of equal length that cover the data set (11 samples on {world_size} ranks: "
+            f"{per_rank} each, {per_rank * world_size - 11} repeated), reshuffled every epoch and reproducible "
+            "from the seed.")
 
 

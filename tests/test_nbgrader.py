@@ -1,0 +1,117 @@
+"""The exercises as an nbgrader assignment: the release is the committed notebook, and autograding gives full
+marks to the solutions, zero to the blank release and partial marks with the check's hint to wrong answers."""
+from __future__ import annotations
+
+import html
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+pytest.importorskip("nbgrader")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it (not installed on purpose)
+
+from ddp_helpers.exercises import EXERCISES  # noqa: E402
+from teacher import grading  # noqa: E402
+from teacher.solutions import SOLUTIONS  # noqa: E402
+from teacher.wrong_answers import WRONG  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _nbgrader(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def _points() -> dict:
+    """grade_id of each graded cell of the source -> its points."""
+    nb = nbformat.read(grading.SOURCE, as_version=4)
+    return {_nbgrader(c)["grade_id"]: _nbgrader(c)["points"] for c in nb.cells if _nbgrader(c).get("grade")}
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A course folder: the assignment generated, the four sample submissions autograded, feedback written."""
+    course = tmp_path_factory.mktemp("course")
+    grading.generate(course)
+    for student, answers in grading.sample_submissions().items():
+        grading.submit(course, student, answers)
+    grading.autograde(course)
+    return course
+
+
+def _feedback(course: Path, student: str) -> str:
+    """The feedback page as text: tags dropped, entities decoded, whitespace folded."""
+    page = grading.feedback_page(course, student).read_text(encoding="utf-8")
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def test_committed_student_notebook_is_the_generated_release(course):
+    release = nbformat.read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK, as_version=4)
+    committed = nbformat.read(grading.STUDENT_NOTEBOOK, as_version=4)
+    cells = [[(c.cell_type, c.source, _nbgrader(c), c.metadata.get("tags", [])) for c in nb.cells]
+             for nb in (release, committed)]
+    assert cells[0] == cells[1], "notebooks/exercises/exercises.ipynb differs from the release: run make assignment"
+
+
+def test_release_has_blanks_and_no_solutions_or_hidden_tests(course):
+    release = nbformat.read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK, as_version=4)
+    text = "\n".join(c.source for c in release.cells if c.cell_type == "code")
+    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text and "world_size=" not in text
+    assert text.count("raise NotImplementedError()") == len(EXERCISES)
+    for name in EXERCISES:
+        body = inspect.getsource(SOLUTIONS[name]).splitlines()[-2].strip()
+        assert body not in text, f"{name}'s solution line {body!r} is in the student notebook"
+
+
+def test_source_solutions_are_the_teacher_solutions():
+    """The source's solution regions are teacher/solutions.py's function bodies, so the two can't drift."""
+    nb = nbformat.read(grading.SOURCE, as_version=4)
+    regions = {}
+    for cell in nb.cells:
+        if _nbgrader(cell).get("solution"):
+            lines = cell.source.split("\n")
+            begin, end = lines.index("    ### BEGIN SOLUTION"), lines.index("    ### END SOLUTION")
+            regions[_nbgrader(cell)["grade_id"]] = lines[begin + 1:end]
+    assert list(regions) == list(EXERCISES)
+    for name, region in regions.items():
+        assert region == inspect.getsource(SOLUTIONS[name]).rstrip("\n").split("\n")[2:], name
+
+
+def test_every_check_cell_has_points_and_a_hidden_test_at_another_world_size():
+    nb = nbformat.read(grading.SOURCE, as_version=4)
+    graded = [c for c in nb.cells if _nbgrader(c).get("grade")]
+    assert [_nbgrader(c)["grade_id"] for c in graded] == [f"check_{n}" for n in EXERCISES]
+    for cell in graded:
+        hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1]
+        assert re.search(r"world_size=\d", hidden) and "assert hidden.passed, hidden.hint" in hidden
+        assert _nbgrader(cell)["points"] > 0
+
+
+def test_solutions_get_full_marks(course):
+    score, best = grading.scores(course)["sample-solved"]
+    assert best == sum(_points().values()) and score == best
+
+
+def test_blank_release_gets_zero(course):
+    assert grading.scores(course)["sample-blank"][0] == 0
+    assert "NOT DONE YET" in _feedback(course, "sample-blank")
+
+
+@pytest.mark.parametrize("student, exercise_name, mistake, solved", [
+    ("sample-sum-not-mean", "global_mean", "no_divide", [n for n in EXERCISES if n != "global_mean"]),
+    ("sample-no-set-epoch", "make_loader", "no_set_epoch", ["init_group", "global_mean", "shard_indices"]),
+])
+def test_wrong_answers_get_partial_marks_and_the_hint(course, student, exercise_name, mistake, solved):
+    points = _points()
+    assert grading.scores(course)[student][0] == sum(points[f"check_{n}"] for n in solved)
+    wrong = next(w for w in WRONG if (w.exercise, w.mistake) == (exercise_name, mistake))
+    page = _feedback(course, student)
+    assert f"TRY AGAIN {exercise_name}: " in page  # the visible check's printed verdict (the nudge)
+    failure = re.search(r"AssertionError ?: (.{0,400})", page)  # the hidden test's, with the specific mistake
+    assert failure and " ".join(wrong.hint.split()) in failure.group(1), f"no specific hint on {student}'s page"
