@@ -71,15 +71,24 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
 
 
 def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[str] = None) -> Figure:
-    """Loss against optimizer steps (left) and against samples seen (right); curves: label -> {"loss", "global_batch"}."""
+    """Loss against optimizer steps (left) and samples seen (right); curves: label -> {"loss", "global_batch"}.
+
+    A curve may also give "color" and "ls" (line style); smooth > 1 plots a running mean over that many steps.
+    """
     if not curves:
         raise ValueError("plot_loss_curves needs at least one curve: {label: {'loss': [...], 'global_batch': B}}")
+    for label, c in curves.items():
+        missing = [k for k in ("loss", "global_batch") if k not in c]
+        if missing:
+            raise ValueError(f"plot_loss_curves: curve {label!r} has no {missing}; give each curve its per-step "
+                             "'loss' list and its 'global_batch' (samples per optimizer step, all ranks together)")
     fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=DPI)
     ax_steps, ax_samples = fig.subplots(1, 2, sharey=True)
     for i, (label, c) in enumerate(curves.items()):
         loss = _smooth(np.asarray(c["loss"], dtype=float), smooth)
         steps = np.arange(1, len(c["loss"]) + 1)[len(c["loss"]) - len(loss):]
-        style = dict(color=c.get("color", RANK_COLORS[i % len(RANK_COLORS)]), ls=c.get("ls", "-"), lw=1.2, label=label)
+        style = dict(color=c.get("color", RANK_COLORS[i % len(RANK_COLORS)]), ls=c.get("ls", "-"), lw=1.2,
+                     label=label)
         ax_steps.plot(steps, loss, **style)
         ax_samples.plot(steps * int(c["global_batch"]), loss, **style)
     ylabel = "training loss" + (f" ({smooth}-step mean)" if smooth > 1 else "")

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-Hook = Callable[[Optional[dist.ProcessGroup], dist.GradBucket], torch.futures.Future]
+from .hooks import Hook  # (process group, bucket) -> future, the signature of torch's own hooks
 
 
 class Timeline:
@@ -113,17 +113,6 @@ def backward_s(record: dict) -> float:
 def bucket_params(record: dict) -> List[List[int]]:
     """The parameters (positions in model.parameters()) of each bucket, in the order DDP handed them over."""
     return [b["params"] for b in record["buckets"]]
-
-
-def comm_busy_s(record: dict) -> float:
-    """Seconds during which at least one bucket's all-reduce was in flight (the union of handed..done)."""
-    spans = sorted((b["handed"], b["done"]) for b in record["buckets"])
-    busy, end = 0.0, -math.inf
-    for start, stop in spans:
-        if stop > end:
-            busy += stop - max(start, end)
-            end = stop
-    return busy
 
 
 def still_running_on_return(record: dict) -> List[bool]:
