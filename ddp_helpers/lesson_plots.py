@@ -1,0 +1,102 @@
+"""Figures for the bucket-timeline and batch-size lessons: a per-rank Gantt chart and loss curves on two axes.
+
+Built without pyplot, like plots.py, so a notebook shows each figure once (as the cell's value).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .plots import RANK_COLORS, _smooth
+
+DPI = 150
+BUCKET_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+                 "#7f7f7f")
+
+
+def _check_marks(record: dict, names: Sequence[str]) -> None:
+    missing = [n for n in names if n not in record.get("marks", {})]
+    if missing:
+        raise ValueError(f"plot_timeline: a record has no {missing} mark(s); set them in the training loop with "
+                         "Timeline.mark(...) before returning Timeline.records()")
+
+
+def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Figure:
+    """One Gantt chart per panel (title -> one Timeline record per rank): compute above, one lane per bucket below.
+
+    For each rank: forward (light grey), backward up to the last bucket's hand-over, i.e. computing gradients
+    (dark grey), then backward waiting for the last all-reduces (hatched); below, one bar per bucket from the
+    moment DDP handed it to the hook to the moment its all-reduce completed (bucket index on the bar).
+    """
+    if not panels:
+        raise ValueError("plot_timeline needs at least one panel: {title: [record of rank 0, record of rank 1, ...]}")
+    scale = 1e3 if unit_ms else 1.0
+    if any(not recs for recs in panels.values()):
+        raise ValueError("plot_timeline: every panel needs one record per rank, got an empty list")
+    # Each rank: a compute row, one lane per bucket, a gap; each panel as tall as its lanes need.
+    heights = [len(recs) * (1.4 + 0.45 * max(len(r["buckets"]) for r in recs)) for recs in panels.values()]
+    fig = Figure(figsize=(7.5, 0.8 + 0.32 * sum(heights) + 0.5 * len(panels)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (title, records) in zip(axes, panels.items()):
+        rank_h = 1.4 + 0.45 * max(len(r["buckets"]) for r in records)
+        ticks = []
+        for rank, rec in enumerate(records):
+            _check_marks(rec, ("backward_start", "backward_end"))
+            m = rec["marks"]
+            top = (len(records) - rank) * rank_h  # rank 0 at the top
+            y_compute = top - 1.0
+            last_handed = max((b["handed"] for b in rec["buckets"]), default=m["backward_end"])
+            bars = [((0.0, m["backward_start"]), dict(color="#d9d9d9")),
+                    ((m["backward_start"], last_handed), dict(color="#7f7f7f")),
+                    ((last_handed, m["backward_end"]), dict(facecolor="white", edgecolor="#7f7f7f", hatch="///"))]
+            for (a, b), style in bars:
+                ax.broken_barh([(a * scale, (b - a) * scale)], (y_compute, 0.8), **style)
+            ticks.append((y_compute + 0.4, f"rank {rank}: fwd | bwd"))
+            for lane, b in enumerate(rec["buckets"]):
+                y = y_compute - 0.45 * (lane + 1)
+                ax.broken_barh([(b["handed"] * scale, (b["done"] - b["handed"]) * scale)], (y, 0.38),
+                               color=BUCKET_COLORS[b["index"] % len(BUCKET_COLORS)], alpha=0.9)
+                ax.text(b["done"] * scale, y + 0.19, f" {b['index']}", ha="left", va="center", fontsize=6)
+            if rec["buckets"]:
+                ticks.append((y_compute - 0.45 * (len(rec["buckets"]) + 1) / 2 + 0.19, f"rank {rank}: buckets"))
+            ax.axvline(m["backward_end"] * scale, color=RANK_COLORS[rank % len(RANK_COLORS)], lw=0.8, ls=":")
+        pos, names = zip(*ticks)
+        ax.set_yticks(pos, names, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("ms since the iteration started" if unit_ms else "s since the iteration started", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[str] = None) -> Figure:
+    """Loss against optimizer steps (left) and samples seen (right); curves: label -> {"loss", "global_batch"}.
+
+    A curve may also give "color" and "ls" (line style); smooth > 1 plots a running mean over that many steps.
+    """
+    if not curves:
+        raise ValueError("plot_loss_curves needs at least one curve: {label: {'loss': [...], 'global_batch': B}}")
+    for label, c in curves.items():
+        missing = [k for k in ("loss", "global_batch") if k not in c]
+        if missing:
+            raise ValueError(f"plot_loss_curves: curve {label!r} has no {missing}; give each curve its per-step "
+                             "'loss' list and its 'global_batch' (samples per optimizer step, all ranks together)")
+    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=DPI)
+    ax_steps, ax_samples = fig.subplots(1, 2, sharey=True)
+    for i, (label, c) in enumerate(curves.items()):
+        loss = _smooth(np.asarray(c["loss"], dtype=float), smooth)
+        steps = np.arange(1, len(c["loss"]) + 1)[len(c["loss"]) - len(loss):]
+        style = dict(color=c.get("color", RANK_COLORS[i % len(RANK_COLORS)]), ls=c.get("ls", "-"), lw=1.2,
+                     label=label)
+        ax_steps.plot(steps, loss, **style)
+        ax_samples.plot(steps * int(c["global_batch"]), loss, **style)
+    ylabel = "training loss" + (f" ({smooth}-step mean)" if smooth > 1 else "")
+    ax_steps.set(xlabel="optimizer steps", ylabel=ylabel)
+    ax_samples.set(xlabel="samples seen (steps x global batch)")
+    ax_samples.legend(fontsize=8)
+    for ax in (ax_steps, ax_samples):
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
