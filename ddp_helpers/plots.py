@@ -31,7 +31,7 @@ def _smooth(y: np.ndarray, window: int) -> np.ndarray:
 
 def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None, smooth: int = 1) -> Figure:
     """Each rank's loss per step (different data, so different curves), optionally with a one-process reference."""
-    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    fig = Figure(figsize=(7, 3.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     for r in result.ranks:
         y = _smooth(r.loss, smooth)
@@ -51,7 +51,7 @@ def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None
 
 def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Figure:
     """Local gradient norms differ by rank; after the all-reduce every rank holds the same gradient."""
-    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    fig = Figure(figsize=(7, 3.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     n = result.n_steps if max_steps is None else min(max_steps, result.n_steps)
     for r in result.ranks:
@@ -135,7 +135,7 @@ def plot_shard_strip(epochs: Dict[str, Sequence[Sequence[int]]], n: int, first: 
     img = np.array(rows)
     # Colour table indexed by owner code + 2: none (white), several ranks (grey), then rank 0, 1, ...
     colors = ["white", "#9e9e9e"] + [_color(r) for r in range(world_size)]
-    fig = Figure(figsize=(7, 0.9 + 0.38 * len(rows)), layout="constrained")
+    fig = Figure(figsize=(7, 0.9 + 0.38 * len(rows)), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(img, aspect="auto", interpolation="nearest", cmap=ListedColormap(colors),
               norm=BoundaryNorm(np.arange(-2.5, world_size), len(colors)),
@@ -161,7 +161,7 @@ def plot_captured_grads(result: TrainResult, step: int = 0, max_points: int = 20
     """Scatter of rank 0's vs rank 1's gradient entries at one step, before and after the all-reduce."""
     cap = result.captured_grads[step]
     local, synced = cap["local"], cap["synced"]
-    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    fig = Figure(figsize=(7, 3.4), dpi=150, layout="constrained")
     a1, a2 = fig.subplots(1, 2, sharex=True, sharey=True)
     m = min(max_points, local.shape[1])
     sel = np.linspace(0, local.shape[1] - 1, m).astype(int)
