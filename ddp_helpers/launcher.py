@@ -28,8 +28,10 @@ from .config import ConfigError, check_address, default_threads, resolve_backend
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
 # What the forkserver imports once, so that each rank it forks starts with torch, torch.distributed and
-# torch._dynamo (which DDP's constructor imports: ~3 s) already loaded; freeze_gc comes last (see there).
-FORKSERVER_PRELOAD = ["ddp_helpers._boot", "ddp_helpers.launcher", "ddp_helpers.worker", "torch.distributed",
+# torch._dynamo (which DDP's constructor imports: ~3 s) already loaded. _server_watch comes first (the server
+# must not outlive a launcher killed while it preloads), _freeze_gc last (see each).
+FORKSERVER_PRELOAD = ["ddp_helpers._server_watch", "ddp_helpers._boot", "ddp_helpers.launcher", "ddp_helpers.worker",
+                      "torch.distributed",
                       "torch._dynamo", "ddp_helpers._freeze_gc"]
 LOG_DIR_PREFIX = "ddp_helpers-ranks-"  # the ranks' log folders in the temp dir (their owner's pid inside)
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
@@ -254,6 +256,7 @@ def warm_up() -> None:
 
 def _prepare_forkserver() -> None:
     ctx = multiprocessing.get_context("forkserver")
+    os.environ["DDP_HELPERS_LAUNCHER_PID"] = str(os.getpid())  # whom _server_watch watches (the server inherits it)
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the server starts (once per process)
 
 
