@@ -73,7 +73,7 @@ def main(args):
     gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= gpus_per_node  # nccl: a GPU per rank
     if use_gpu:
-        torch.cuda.set_device(local_rank)  # else every rank would allocate on cuda:0
+        torch.cuda.set_device(local_rank)  # else NCCL, the CUDA context and tensors without a device go to cuda:0
     dist.init_process_group(backend="nccl" if use_gpu else "gloo")  # address, port, rank, size: environment
     torch.set_num_threads(1)  # ranks share the cores (torchrun's default); results don't depend on the machine
     torch.manual_seed(0)
@@ -98,7 +98,9 @@ def main(args):
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}", flush=True)
         train(model, train_loader, criterion, optimizer, device, log=rank == 0)
-    accuracy = evaluate(model, testset, rank, world_size, device)
+    # The plain module, not the DDP wrapper: the wrapper's forward can run collectives (a buffer broadcast),
+    # which hang once the ranks score different numbers of batches.
+    accuracy = evaluate(model.module, testset, rank, world_size, device)
     if rank == 0:
         print(f"test accuracy: {accuracy:.4f}")
         if args.save:  # to compare this run with another (the replicas are identical: rank 0's will do)
