@@ -104,3 +104,42 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
     alive = outliving(family, timeout=5.0)
     names = describe_and_kill(alive)
     assert not alive, f"{len(alive)} process(es) outlived their parent by 5 s: {names}"
+
+
+SLOW_PRELOAD_PARENT = textwrap.dedent("""
+    import sys
+    from ddp_helpers import launch
+    from ddp_helpers import launcher as L
+
+    def hello(rank, world_size):
+        return rank
+
+    if __name__ == "__main__":
+        L.FORKSERVER_PRELOAD.insert(1, "slow_preload")  # after _server_watch: a server still importing torch
+        print("launching", flush=True)
+        launch(hello, 2, start_method="forkserver")
+""")
+
+
+def test_a_forkserver_still_preloading_ends_with_its_killed_launcher(tmp_path):
+    (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(30)\n")
+    script = tmp_path / "parent.py"
+    script.write_text(SLOW_PRELOAD_PARENT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root, env=env)
+    assert parent.stdout.readline().strip() == "launching"
+    deadline = time.monotonic() + 30
+    server = []
+    while not server and time.monotonic() < deadline:  # the server (and its resource tracker) have started
+        server = [p for p in psutil.Process(parent.pid).children(recursive=True)
+                  if "forkserver" in " ".join(p.cmdline())]
+        time.sleep(0.1)
+    assert server, "the forkserver never started"
+    time.sleep(1.0)  # it is now inside the 30 s preload
+    family = psutil.Process(parent.pid).children(recursive=True)
+    parent.kill()
+    parent.wait()
+    alive = outliving(family, timeout=5.0)
+    names = describe_and_kill(alive)
+    assert not alive, f"{len(alive)} process(es) outlived their launcher by 5 s: {names}"
