@@ -9,8 +9,23 @@ its ranks from a single thread.
 import os
 import threading
 
-# The launcher sets this before the server starts: os.getppid() here could already be a reaper's pid.
-_launcher = int(os.environ.get("DDP_HELPERS_LAUNCHER_PID", os.getppid()))
+_launcher = os.getppid()
+_named = int(os.environ.get("DDP_HELPERS_LAUNCHER_PID", _launcher))  # set by the launcher just before our start
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+if _named != _launcher and not _alive(_named):
+    os._exit(1)  # our launcher died before we got here (we are already re-parented)
+# (A named pid that is alive but not our parent was inherited from an older launcher: watch our parent.)
 _stop = threading.Event()
 
 

@@ -20,6 +20,8 @@ from ddp_helpers import launcher as L
 from ddp_helpers.config import free_port
 from ddp_helpers.faults import InjectedFault
 
+from _procs import running
+
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
 
@@ -308,6 +310,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.NoSuchProcess:  # a short-lived helper (torch's imports run a few) that ended just now
+        return ""
+
+
 def test_sigint_to_the_parent_ends_every_child_within_5_s(tmp_path):
     script = tmp_path / "long_run.py"
     script.write_text(SCRIPT)
@@ -317,7 +326,7 @@ def test_sigint_to_the_parent_ends_every_child_within_5_s(tmp_path):
     deadline = time.monotonic() + 60
     ranks = []
     while time.monotonic() < deadline:  # wait until both ranks run
-        ranks = [p for p in parent.children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+        ranks = [p for p in parent.children(recursive=True) if running(p) and "resource_tracker" not in _cmd(p)]
         if len(ranks) >= 2:
             break
         time.sleep(0.1)
