@@ -38,3 +38,11 @@ def describe_and_kill(procs: list[psutil.Process]) -> list[str]:
         except psutil.NoSuchProcess:
             names.append(f"pid {p.pid} (ended while being described)")
     return names
+
+
+def survivors_of_killed(parent, timeout: float = 5.0) -> list[str]:
+    """SIGKILL the Popen `parent`; the descriptions of its descendants still running `timeout` s later (killed)."""
+    family = psutil.Process(parent.pid).children(recursive=True)
+    parent.kill()
+    parent.wait()
+    return describe_and_kill(outliving(family, timeout))

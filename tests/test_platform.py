@@ -19,7 +19,7 @@ from ddp_helpers.launcher import check_start_method, resolve_start_method
 from ddp_helpers.runner import ProgressBar
 from ddp_helpers.telemetry import TelemetryBuffers
 
-from _procs import describe_and_kill, outliving
+from _procs import survivors_of_killed
 
 
 def test_auto_is_forkserver_where_the_platform_has_it_else_spawn(monkeypatch):
@@ -98,12 +98,8 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert parent.stdout.readline().strip() == "launching"
     time.sleep(delay)  # 0.3 s: the ranks are still starting (importing torch under spawn); 6 s: they run fn
-    family = psutil.Process(parent.pid).children(recursive=True)
-    parent.kill()
-    parent.wait()
-    alive = outliving(family, timeout=5.0)
-    names = describe_and_kill(alive)
-    assert not alive, f"{len(alive)} process(es) outlived their parent by 5 s: {names}"
+    names = survivors_of_killed(parent)
+    assert not names, f"{len(names)} process(es) outlived their parent by 5 s: {names}"
 
 
 SLOW_PRELOAD_PARENT = textwrap.dedent("""
@@ -137,9 +133,5 @@ def test_a_forkserver_still_preloading_ends_with_its_killed_launcher(tmp_path):
         time.sleep(0.1)
     assert server, "the forkserver never started"
     time.sleep(1.0)  # it is now inside the 30 s preload
-    family = psutil.Process(parent.pid).children(recursive=True)
-    parent.kill()
-    parent.wait()
-    alive = outliving(family, timeout=5.0)
-    names = describe_and_kill(alive)
-    assert not alive, f"{len(alive)} process(es) outlived their launcher by 5 s: {names}"
+    names = survivors_of_killed(parent)
+    assert not names, f"{len(names)} process(es) outlived their launcher by 5 s: {names}"
