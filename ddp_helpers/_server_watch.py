@@ -18,8 +18,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, another user's
-        return True
+    except PermissionError:  # it exists (another user's)
+        pass
     return True
 
 

@@ -466,9 +466,6 @@ def main(argv: Optional[list] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 # ------------------------------------------------------------------------------------ the seed's pipeline
 class SeedListingDataset(torch.utils.data.Dataset):
@@ -488,3 +485,7 @@ class SeedListingDataset(torch.utils.data.Dataset):
 
         img = Image.fromarray(self.images[i].numpy(), mode="L")  # what torchvision's MNIST does per sample
         return self.transform(img), int(self.labels[i]), i  # i: so telemetry can see which samples were used
+
+
+if __name__ == "__main__":
+    sys.exit(main())

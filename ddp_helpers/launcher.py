@@ -25,6 +25,7 @@ from torch.multiprocessing.spawn import ProcessContext, ProcessException
 from ._boot import rank_main
 from ._proc import bind_this_thread, binding_plan
 from .config import ConfigError, check_address, default_threads, resolve_backend
+from .fileio import atomic_write
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
 # What the forkserver imports once, so that each rank it forks starts with torch, torch.distributed and
@@ -146,14 +147,31 @@ def _run_in_group(rank: int, fn: Callable, world_size: int, group: Optional[tupl
         dist.destroy_process_group()
 
 
-def _report_error(results: Any, rank: int, e: BaseException) -> None:
+def _send_report(results: Any, log_dir: str, rank: int, report: tuple) -> None:
+    """Write the report to a file of the log folder, then say so on the queue in a message of a few bytes.
+
+    A large result sent through the pipe itself could be cut in half: a rank still writing it (the pipe full,
+    the parent busy ending a failed launch) is terminated mid-message, and the parent would then wait forever
+    for the rest. A message this small is written in one piece, and the file is complete once renamed.
+    """
+    path = os.path.join(log_dir, f"report{rank}.pkl")
+    atomic_write(path, lambda tmp: _write_pickle(tmp, report))
+    results.put(("report", rank))
+
+
+def _write_pickle(path: str, obj: Any) -> None:
+    with open(path, "wb") as fh:
+        pickle.dump(obj, fh)
+
+
+def _report_error(results: Any, log_dir: str, rank: int, e: BaseException) -> None:
     tb = traceback.format_exc()
     try:
         payload = pickle.dumps(e)
         pickle.loads(payload)
     except Exception:  # noqa: BLE001 - unpicklable exceptions are sent as text only
         payload = None
-    results.put(("error", rank, payload, tb, f"{type(e).__name__}: {e}"))
+    _send_report(results, log_dir, rank, ("error", rank, payload, tb, f"{type(e).__name__}: {e}"))
 
 
 def rank_entry(rank: int, world_size: int, group: Optional[tuple], port_queue: Any, threads: int, results: Any,
@@ -166,13 +184,13 @@ def rank_entry(rank: int, world_size: int, group: Optional[tuple], port_queue: A
     try:
         fn, fn_args = payload.get()
         out = _run_in_group(rank, fn, world_size, group, port_queue, plan, fn_args)
-        results.put(("ok", rank, pickle.dumps(out)))
+        _send_report(results, log_dir, rank, ("ok", rank, pickle.dumps(out)))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit, to the parent
-        _report_error(results, rank, e)
+        _report_error(results, log_dir, rank, e)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown: the result is already in the pipe, torch's teardown takes ~1 s, and a broken
+    # Skip interpreter teardown: the result is already reported, torch's teardown takes ~1 s, and a broken
     # process group can hang in destructors.
     os._exit(code)
 
@@ -272,8 +290,9 @@ def check_launch(world_size: int, backend: str, host: str, port: int) -> str:
 class _Reports:
     """What the ranks sent back: each one's value, or its error (payload, traceback, one-line text)."""
 
-    def __init__(self, queue: Any, world_size: int):
+    def __init__(self, queue: Any, world_size: int, log_dir: str):
         self.queue = queue
+        self.log_dir = log_dir
         self.outputs: List[Any] = [None] * world_size
         self.done: set = set()
         self.errors: Dict[int, Tuple[Optional[bytes], str, str]] = {}
@@ -281,7 +300,9 @@ class _Reports:
     def drain(self) -> None:
         """Read every report waiting in the queue."""
         while not self.queue.empty():
-            msg = self.queue.get()
+            _, rank = self.queue.get()
+            with open(os.path.join(self.log_dir, f"report{rank}.pkl"), "rb") as fh:
+                msg = pickle.load(fh)
             if msg[0] == "ok":
                 self.outputs[msg[1]] = pickle.loads(msg[2])
                 self.done.add(msg[1])
@@ -462,7 +483,7 @@ def _run_job(context: ProcessContext, init_group: bool, host: str, port: int, ti
                                   timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
             for _ in range(world_size):
                 port_queue.put(store.port)
-        return _supervise(context, _Reports(results, world_size), log_dir, on_poll, poll_s)
+        return _supervise(context, _Reports(results, world_size, log_dir), log_dir, on_poll, poll_s)
     except BaseException:
         stop_processes(context.processes)  # KeyboardInterrupt included: nothing outlives the call
         raise

@@ -9,7 +9,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from .plots import RANK_COLORS, _smooth
+from .plots import _color, _smooth
 
 DPI = 150
 BUCKET_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
@@ -61,7 +61,7 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
                 ax.text(b["done"] * scale, y + 0.19, f" {b['index']}", ha="left", va="center", fontsize=6)
             if rec["buckets"]:
                 ticks.append((y_compute - 0.45 * (len(rec["buckets"]) + 1) / 2 + 0.19, f"rank {rank}: buckets"))
-            ax.axvline(m["backward_end"] * scale, color=RANK_COLORS[rank % len(RANK_COLORS)], lw=0.8, ls=":")
+            ax.axvline(m["backward_end"] * scale, color=_color(rank), lw=0.8, ls=":")
         pos, names = zip(*ticks)
         ax.set_yticks(pos, names, fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -87,7 +87,7 @@ def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[s
     for i, (label, c) in enumerate(curves.items()):
         loss = _smooth(np.asarray(c["loss"], dtype=float), smooth)
         steps = np.arange(1, len(c["loss"]) + 1)[len(c["loss"]) - len(loss):]
-        style = dict(color=c.get("color", RANK_COLORS[i % len(RANK_COLORS)]), ls=c.get("ls", "-"), lw=1.2,
+        style = dict(color=c.get("color", _color(i)), ls=c.get("ls", "-"), lw=1.2,
                      label=label)
         ax_steps.plot(steps, loss, **style)
         ax_samples.plot(steps * int(c["global_batch"]), loss, **style)

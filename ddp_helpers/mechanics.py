@@ -60,7 +60,7 @@ class BranchNet(nn.Module):
         out = self.trunk(x)
         if self.training:
             self.forwards += 1
-        if self.aux == "always" or (self.aux == "alternate" and self.forwards % 2 == 1):
+        if self.aux == "always" or (self.aux == "alternate" and self.training and self.forwards % 2 == 1):
             out = out + self.aux_head(x)
         return out
 
@@ -81,7 +81,6 @@ def build_batchnorm_model(seed: int, hidden: int = 16) -> BatchNormNet:
 
 def build_branch_model(seed: int, aux: str = "never", depth: int = 1, hidden: int = 32) -> BranchNet:
     """BranchNet initialized from `seed` (the caller's random state is left as it was)."""
-    check_aux(aux)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return BranchNet(aux, depth, hidden)

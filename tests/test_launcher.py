@@ -62,3 +62,19 @@ def test_a_failing_rank_without_a_group_is_still_named():
 ])
 def test_comm_errors_are_told_from_the_learners_own(text, comm):
     assert is_comm_error(text) is comm
+
+
+def _big_result_while_the_peer_fails(rank: int, world_size: int) -> bytes:
+    if rank == 1:
+        raise ValueError("rank 1 fails first")
+    time.sleep(0.1)  # rank 0 reports while the parent is ending the launch (torch's join: 0.3 s, then SIGTERM)
+    return bytes(8 * 2**20)  # far more than a pipe holds: the write is still going on when rank 0 is ended
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_ended_while_reporting_a_large_result_does_not_hang_the_parent():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        launch(_big_result_while_the_peer_fails, 2, init_group=False)
+    assert info.value.rank == 1 and "rank 1 fails first" in str(info.value)
+    assert time.monotonic() - t0 < 30

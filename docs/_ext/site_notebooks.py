@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Dict, List
+from typing import List
+
+from ddp_helpers.copy_notebooks import list_notebooks  # the same notebooks the wheel ships
 
 # Sections of the table of contents, in order: (caption, folder under notebooks/). Each lists its *.ipynb by name.
 SECTIONS = [("Notebooks", ""), ("Appendix", "appendix"), ("Exercises", "exercises")]
@@ -11,21 +13,11 @@ PLACEHOLDER = "<!-- notebook-toc -->"  # docs/index.md's line that the tables of
 MIRROR = "notebooks"  # the mirror's folder under docs/, and the page names' prefix
 
 
-def _sources(src: Path) -> Dict[str, Path]:
-    """Every notebook under src by its posix path relative to src, skipping hidden folders (checkpoints)."""
-    found = {}
-    for path in src.rglob("*.ipynb"):
-        rel = path.relative_to(src)
-        if not any(part.startswith(".") for part in rel.parts):
-            found[rel.as_posix()] = path
-    return found
-
-
 def mirror_notebooks(src: Path, dest: Path) -> List[str]:
     """Make dest hold exactly src's notebooks; unchanged files keep their mtime so rebuilds stay incremental."""
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is missing: the site is built from the repository's notebooks/ folder")
-    wanted = _sources(src)
+    wanted = list_notebooks(src)
     dest.mkdir(parents=True, exist_ok=True)
     for rel, path in wanted.items():
         target = dest / rel
@@ -56,7 +48,7 @@ def _fill_toc(app, docname: str, source: List[str]) -> None:
     """Put the tables of contents into the index; links to the repository's README point at the index."""
     source[0] = source[0].replace("](../README.md)", f"]({app.config.root_doc}.md)")  # the README isn't a page
     if docname == app.config.root_doc and PLACEHOLDER in source[0]:
-        names = sorted(_sources(Path(app.srcdir) / MIRROR))
+        names = sorted(list_notebooks(Path(app.srcdir) / MIRROR))
         source[0] = source[0].replace(PLACEHOLDER, toc_markdown(names))
 
 
