@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Tuple
 
 import numpy as np
@@ -422,7 +423,7 @@ def write_mnist(root: str = MNIST5K_ROOT) -> str:
     contents = {f: idx_bytes(t) for f, t in files.items()}
     for f, data in contents.items():
         path = os.path.join(raw, f)
-        other = os.path.exists(path + ".gz") or (os.path.exists(path) and _read(path) != data)
+        other = os.path.exists(path + ".gz") or (os.path.exists(path) and Path(path).read_bytes() != data)
         if other:
             raise DataError(f"{raw} already holds a different MNIST ({f} differs from the 5,000-digit subset); "
                             "write-mnist never overwrites data: choose an empty folder, e.g. " + MNIST5K_ROOT)
@@ -431,20 +432,10 @@ def write_mnist(root: str = MNIST5K_ROOT) -> str:
         for f, data in contents.items():
             path = os.path.join(raw, f)
             if not os.path.exists(path):
-                atomic_write(path, lambda tmp, data=data: _write_bytes(tmp, data))  # never a half-written file
+                atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))  # never a half-written file
     except OSError as e:
         raise DataError(f"can't write the MNIST files into {raw} ({e}); choose a writable folder") from e
     return raw
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -121,8 +121,9 @@ def shard_owners(indices_by_rank: Sequence[Sequence[int]], n: int) -> np.ndarray
         np.add.at(counts[rank], idx, 1)
     owners = np.full(n, OWNED_BY_NONE, dtype=np.int64)
     held = counts > 0
-    owners[held.sum(axis=0) == 1] = held.argmax(axis=0)[held.sum(axis=0) == 1]
-    owners[held.sum(axis=0) > 1] = SHARED_BY_RANKS
+    holders = held.sum(axis=0)  # how many ranks hold each index
+    owners[holders == 1] = held.argmax(axis=0)[holders == 1]
+    owners[holders > 1] = SHARED_BY_RANKS
     return owners
 
 
