@@ -1,5 +1,6 @@
 """Start-up of a run from one long-lived Python process (a notebook kernel): the default start method against
-spawn, a first call with and without warm_up(), and exercise checks after the first.
+spawn, a first call with and without warm_up(), a notebook set-up cell calling warm_up() before or after its
+imports, and exercise checks after the first.
 
     python benchmarks/startup.py [--calls 4] [--markdown]
 
@@ -55,19 +56,51 @@ def _first_call(warm: bool, reading_s: float) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+SETUP_CELL = """\
+import json, operator, sys, time
+t0 = time.monotonic()
+sys.path.insert(0, {root!r})
+import ddp_helpers
+if {early!r}:
+    ddp_helpers.warm_up()  # the notebooks' set-up cell: first, so the server imports torch beside this process
+import matplotlib.pyplot
+import torch
+from ddp_helpers import launch
+if not {early!r}:
+    ddp_helpers.warm_up()
+launch(operator.add, 2)  # a notebook's first launch
+print(json.dumps(time.monotonic() - t0))
+"""
+
+
+def _setup_cell(early: bool) -> float:
+    """In a fresh interpreter: a set-up cell's imports and warm_up(), then a first launch; seconds to its end."""
+    env = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
+    code = SETUP_CELL.format(root=ROOT, early=early)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=4, help="run_training calls per start method (the first is cold)")
     p.add_argument("--checks", type=int, default=3, help="exercise checks (check_global_mean on its solution)")
     p.add_argument("--reading-s", type=float, default=6.0, help="pause between warm_up() and the first call")
+    p.add_argument("--setup-rounds", type=int, default=5, help="set-up cells timed per placement of warm_up()")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = p.parse_args()
     if args.calls < 2 or args.checks < 2:
         p.error("--calls and --checks must be at least 2 (the first is the cold one)")
+    if args.setup_rounds < 1:
+        p.error("--setup-rounds must be at least 1")
     os.environ.setdefault("DDP_HELPERS_PROGRESS", "0")
     auto, spawn = _calls("auto", args.calls), _calls("spawn", args.calls)
     checks = _checks(args.checks)
     cold, warmed = _first_call(False, 0.0), _first_call(True, args.reading_s)
+    setup = {True: [], False: []}
+    for _ in range(args.setup_rounds):  # alternated: the VM's speed drifts
+        for early in (True, False):
+            setup[early].append(_setup_cell(early))
     rows = [("default (auto), call 1", auto[0]), *((f"default (auto), call {i + 1}", c) for i, c in enumerate(auto[1:], 1)),
             *((f"spawn, call {i + 1}", c) for i, c in enumerate(spawn)),
             ("default, first call in a fresh process", cold),
@@ -86,6 +119,8 @@ def main() -> int:
     print(f"default start-up, calls 2..{args.calls} (median): {med_start:.3f} s (target <= 0.15 s); whole call "
           f"{med_call:.3f} s (target <= 0.3 s)")
     print(f"start-up spawn / default: {spawn_start / med_start:.1f}x (target >= 10x)")
+    print(f"set-up cell to the end of the first launch (median of {args.setup_rounds}): warm_up() before the imports "
+          f"{statistics.median(setup[True]):.2f} s, after them {statistics.median(setup[False]):.2f} s")
     return 0
 
 

@@ -14,7 +14,7 @@ _EXPORTS = {
     "DataSplits": "data", "DataError": "data", "load_data": "data", "shard_indices": "data", "normalize": "data",
     "build_model": "model", "fingerprint": "model", "flat_params": "model",
     "TrainResult": "result", "RankRecords": "result",
-    "launch": "launcher", "LaunchError": "launcher", "RankFailedError": "launcher", "warm_up": "launcher",
+    "launch": "launcher", "LaunchError": "launcher", "RankFailedError": "launcher", "warm_up": "startmethod",
     "run_training": "runner",
     "train_single_process": "reference",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",

@@ -1,4 +1,4 @@
-"""Imported last by the forkserver (launcher.FORKSERVER_PRELOAD): stop the launcher watch, freeze the heap.
+"""Imported last by the forkserver (startmethod.FORKSERVER_PRELOAD): stop the launcher watch, freeze the heap.
 
 A forked rank's first garbage collection would otherwise walk the millions of objects torch and torch._dynamo
 created in the server (~0.18 s of every start-up measured here); frozen, they are skipped. This module's only

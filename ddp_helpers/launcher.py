@@ -26,14 +26,8 @@ from ._boot import rank_main
 from ._proc import bind_this_thread, binding_plan
 from .config import ConfigError, check_address, default_threads, resolve_backend
 from .fileio import atomic_write
+from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 
-START_METHODS = ("auto", "forkserver", "spawn", "fork")
-# What the forkserver imports once, so that each rank it forks starts with torch, torch.distributed and
-# torch._dynamo (which DDP's constructor imports: ~3 s) already loaded. _server_watch comes first (the server
-# must not outlive a launcher killed while it preloads), _freeze_gc last (see each).
-FORKSERVER_PRELOAD = ["ddp_helpers._server_watch", "ddp_helpers._boot", "ddp_helpers.launcher", "ddp_helpers.worker",
-                      "torch.distributed",
-                      "torch._dynamo", "ddp_helpers._freeze_gc"]
 LOG_DIR_PREFIX = "ddp_helpers-ranks-"  # the ranks' log folders in the temp dir (their owner's pid inside)
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
@@ -223,13 +217,6 @@ def stop_processes(procs: Sequence[Any], grace_s: float = GRACE_S) -> None:
         p.join()
 
 
-def resolve_start_method(start_method: str) -> str:
-    """'auto' -> forkserver where the platform has it (Linux, macOS), else spawn (Windows); others unchanged."""
-    if start_method == "auto":
-        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    return start_method
-
-
 def check_start_method(start_method: str) -> str:
     """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
     if start_method not in START_METHODS:
@@ -256,26 +243,6 @@ def _check_main_module(method: str) -> None:
     if path is not None and not os.path.isfile(path):
         raise LaunchError(f"start_method={method!r} can't start ranks from a program read from {path}: each rank "
                           "re-imports the main program from its file. Save the code to a file and run that")
-
-
-def warm_up() -> None:
-    """Start the forkserver now (it imports torch in the background), so the first launch is fast too.
-
-    An explicit call, for a notebook's set-up cell. The server keeps the package as it was imported: after
-    changing ddp_helpers itself, restart the kernel (as after any change to an imported module).
-    """
-    if resolve_start_method("auto") != "forkserver":
-        return
-    _prepare_forkserver()
-    import multiprocessing.forkserver
-
-    multiprocessing.forkserver.ensure_running()
-
-
-def _prepare_forkserver() -> None:
-    ctx = multiprocessing.get_context("forkserver")
-    os.environ["DDP_HELPERS_LAUNCHER_PID"] = str(os.getpid())  # whom _server_watch watches (the server inherits it)
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the server starts (once per process)
 
 
 def check_launch(world_size: int, backend: str, host: str, port: int) -> str:
@@ -355,7 +322,7 @@ def _start_ranks(method: str, world_size: int, child_args: tuple, payload: Defer
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
         import torch._dynamo  # noqa: F401
     elif method == "forkserver":
-        _prepare_forkserver()
+        prepare_forkserver()
     ctx = multiprocessing.get_context(method)
     procs = []
     for rank in range(world_size):

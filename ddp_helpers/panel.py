@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional
 
 from .config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
 from .data import DataError
-from .launcher import LaunchError, RankFailedError, resolve_start_method
+from .launcher import LaunchError, RankFailedError
+from .startmethod import resolve_start_method
 from .result import TrainResult
 
 DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic

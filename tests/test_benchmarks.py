@@ -142,17 +142,23 @@ def test_step_warmth_refuses_bad_settings(args, message):
 
 
 def test_startup_prints_every_call_and_the_targets():
-    out = _bench("startup.py", "--calls", "2", "--checks", "2", "--reading-s", "0", "--markdown", timeout=240)
+    out = _bench("startup.py", "--calls", "2", "--checks", "2", "--reading-s", "0", "--setup-rounds", "1",
+                 "--markdown", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = _table(out.stdout)
     assert {"default (auto), call 1", "default (auto), call 2", "spawn, call 1", "spawn, call 2",
             "default, first call in a fresh process", "default, first call 0 s after warm_up()"} == set(rows)
     for startup, call, loop in ((float(x) for x in r) for r in rows.values()):
         assert 0 < startup < call and 0 < loop < call
-    for target in ("exercise check: first", "default start-up, calls 2..2", "start-up spawn / default:"):
+    for target in ("exercise check: first", "default start-up, calls 2..2", "start-up spawn / default:",
+                   "set-up cell to the end of the first launch (median of 1): warm_up() before the imports"):
         assert target in out.stdout
 
 
-def test_startup_refuses_a_single_call():
-    out = _bench("startup.py", "--calls", "1", timeout=60)
-    assert out.returncode == 2 and "--calls and --checks must be at least 2" in out.stderr
+@pytest.mark.parametrize("args, message", [
+    (["--calls", "1"], "--calls and --checks must be at least 2"),
+    (["--setup-rounds", "0"], "--setup-rounds must be at least 1"),
+])
+def test_startup_refuses_bad_settings(args, message):
+    out = _bench("startup.py", *args, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr

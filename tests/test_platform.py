@@ -105,13 +105,13 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
 SLOW_PRELOAD_PARENT = textwrap.dedent("""
     import sys
     from ddp_helpers import launch
-    from ddp_helpers import launcher as L
+    from ddp_helpers import startmethod as S
 
     def hello(rank, world_size):
         return rank
 
     if __name__ == "__main__":
-        L.FORKSERVER_PRELOAD.insert(1, "slow_preload")  # after _server_watch: a server still importing torch
+        S.FORKSERVER_PRELOAD.insert(1, "slow_preload")  # after _server_watch: a server still importing torch
         print("launching", flush=True)
         launch(hello, 2, start_method="forkserver")
 """)
@@ -135,3 +135,33 @@ def test_a_forkserver_still_preloading_ends_with_its_killed_launcher(tmp_path):
     time.sleep(1.0)  # it is now inside the 30 s preload
     names = survivors_of_killed(parent)
     assert not names, f"{len(names)} process(es) outlived their launcher by 5 s: {names}"
+
+
+WARM_UP_THEN_LAUNCH = textwrap.dedent("""
+    import operator, sys
+    import multiprocessing.forkserver as fs
+    import ddp_helpers
+
+    ddp_helpers.warm_up()
+    server = fs._forkserver._forkserver_pid
+    print("torch before:", "torch" in sys.modules, "server:", server is not None, flush=True)
+    print("ranks:", ddp_helpers.launch(operator.add, 2), "same server:", fs._forkserver._forkserver_pid == server)
+""")
+
+
+def test_warm_up_starts_the_server_before_torch_is_imported_and_the_launch_uses_it():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", WARM_UP_THEN_LAUNCH], capture_output=True, text=True, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root, DDP_HELPERS_PROGRESS="0"), timeout=120)
+    assert out.stdout.splitlines() == ["torch before: False server: True", "ranks: [2, 3] same server: True"], (
+        out.stdout + out.stderr)
+
+
+def test_warm_up_where_there_is_no_forkserver_starts_nothing(monkeypatch):
+    import multiprocessing.forkserver as fs
+
+    from ddp_helpers.startmethod import warm_up
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # Windows
+    monkeypatch.setattr(fs, "ensure_running", lambda: pytest.fail("warm_up started a forkserver on Windows"))
+    warm_up()
