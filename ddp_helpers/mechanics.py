@@ -7,7 +7,7 @@ the parts that change from run to run.
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -72,18 +72,21 @@ def check_aux(aux: str) -> None:
                           "auxiliary head)")
 
 
-def build_batchnorm_model(seed: int, hidden: int = 16) -> BatchNormNet:
-    """BatchNormNet initialized from `seed` (the caller's random state is left as it was)."""
+def _seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
+    """build() with torch's generator seeded by `seed`; the caller's random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return BatchNormNet(hidden)
+        return build()
+
+
+def build_batchnorm_model(seed: int, hidden: int = 16) -> BatchNormNet:
+    """BatchNormNet initialized from `seed` (the caller's random state is left as it was)."""
+    return _seeded(seed, lambda: BatchNormNet(hidden))
 
 
 def build_branch_model(seed: int, aux: str = "never", depth: int = 1, hidden: int = 32) -> BranchNet:
     """BranchNet initialized from `seed` (the caller's random state is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return BranchNet(aux, depth, hidden)
+    return _seeded(seed, lambda: BranchNet(aux, depth, hidden))
 
 
 def tidy_error(text: str) -> str:

@@ -8,9 +8,8 @@ dicts the parent can unpickle without torch.distributed, with times in seconds s
 """
 # No "from __future__ import annotations": DDP checks the hook's annotations at runtime.
 import math
-import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -118,10 +117,3 @@ def bucket_params(record: dict) -> List[List[int]]:
 def still_running_on_return(record: dict) -> List[bool]:
     """Per bucket: was its all-reduce still running when the hook handed control back to backward?"""
     return [b["done"] > b["returned"] for b in record["buckets"]]
-
-
-def median_backward_ms(records: Sequence[dict]) -> float:
-    """Median backward time of the records in milliseconds (the median: a burst of load elsewhere moves it least)."""
-    if not records:
-        raise ValueError("median_backward_ms needs at least one record")
-    return 1e3 * statistics.median(backward_s(r) for r in records)

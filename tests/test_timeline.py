@@ -152,12 +152,9 @@ def _rec(buckets, start=0.0, end=10.0):
 def test_backward_times_and_errors():
     recs = [_rec([], 1.0, 2.0), _rec([], 1.0, 4.0), _rec([], 0.0, 100.0)]
     assert timeline.backward_s(recs[1]) == 3.0
-    assert timeline.median_backward_ms(recs) == pytest.approx(3000.0)
     assert timeline.still_running_on_return(_rec([(1, 1.5, 3), (4, 4.5, 4.2)])) == [True, False]
     with pytest.raises(KeyError, match="backward_end"):
         timeline.backward_s({"marks": {"backward_start": 0.0}, "buckets": []})
-    with pytest.raises(ValueError, match="at least one"):
-        timeline.median_backward_ms([])
 
 
 def test_plot_timeline_draws_one_lane_per_bucket_and_names_missing_marks():
