@@ -13,7 +13,11 @@ env: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
-	$(PY) -m pip install -q -e ".[test]" >> $(VENV)/install.log 2>&1 || (grep -v "^WARNING: Location" $(VENV)/install.log | tail -40; exit 1)
+	$(PY) -m pip install -q -e ".[test,teacher]" >> $(VENV)/install.log 2>&1 || (grep -v "^WARNING: Location" $(VENV)/install.log | tail -40; exit 1)
+	@# nbgrader (the teacher extra, which the tests need) stays out of JupyterLab: make lab shows the learner's Lab.
+	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader > /dev/null 2>&1 || true
+	@for e in formgrader validate_assignment assignment_list course_list; do \
+	    $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$e > /dev/null 2>&1 || true; done
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	rm -f $(VENV)/.installed-* && touch $@
 

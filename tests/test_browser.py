@@ -277,6 +277,8 @@ def test_control_panel_notebook_in_jupyterlab(tmp_path, capsys):
 
         text = page.inner_text(".jp-NotebookPanel")
         assert "Loading widget" not in text and "Error displaying widget" not in text
+        menus = page.eval_on_selector_all(".lm-MenuBar-itemLabel", "els => els.map(e => e.textContent.trim())")
+        assert "Run" in menus and "Nbgrader" not in menus, menus  # make env keeps the teacher tools out of Lab
         assert page.locator(".jp-NotebookPanel .jupyter-widgets").count() >= 10
         train = page.locator(".jp-NotebookPanel button.widget-button:has-text('Train')")
         assert train.count() == 1
