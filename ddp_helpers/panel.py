@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional
 from .config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
 from .data import DataError
 from .launcher import LaunchError, RankFailedError
-from .startmethod import resolve_start_method
 from .result import TrainResult
+from .startmethod import resolve_start_method
 
 DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic
 _COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318"}
