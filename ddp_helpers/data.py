@@ -457,7 +457,6 @@ def main(argv: Optional[list] = None) -> int:
     return 0
 
 
-
 # ------------------------------------------------------------------------------------ the seed's pipeline
 class SeedListingDataset(torch.utils.data.Dataset):
     """Listing 7.2's per-sample path: uint8 -> PIL image -> ToTensor -> Normalize, one sample at a time."""
