@@ -21,7 +21,7 @@ from typing import Dict, List
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from ddp_helpers import launch  # noqa: E402
-from ddp_helpers.model import build_model, n_params  # noqa: E402
+from ddp_helpers.engine.model import build_model, n_params  # noqa: E402
 
 MODEL_GRAD = n_params(build_model(0))  # the tutorial model's whole gradient (7,850 floats): DDP's one bucket
 SIZES = tuple(sorted({1, 2, 4, 64, 1024, MODEL_GRAD, 32768}))  # float32 elements

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ddp_helpers.model import build_model  # noqa: E402
+from ddp_helpers.engine.model import build_model  # noqa: E402
 from bench_pipelines import print_table  # noqa: E402  (this folder is on sys.path: the script's own)
 
 PHASES = ("zero_grad", "forward + loss", "backward", "optimizer.step")

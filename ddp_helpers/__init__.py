@@ -10,17 +10,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "TrainConfig": "config", "ConfigError": "config", "validate": "config",
+    "TrainConfig": "engine.config", "ConfigError": "engine.config", "validate": "engine.config",
     "DataSplits": "data", "DataError": "data", "load_data": "data", "shard_indices": "data", "normalize": "data",
-    "build_model": "model", "fingerprint": "model", "flat_params": "model",
-    "TrainResult": "result", "RankRecords": "result",
-    "launch": "launcher", "LaunchError": "launcher", "RankFailedError": "launcher", "warm_up": "startmethod",
-    "run_training": "runner",
-    "train_single_process": "reference",
-    "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
-    "plot_losses": "plots", "plot_grad_norms": "plots", "plot_fingerprints": "plots", "plot_shard_strip": "plots",
-    "plot_captured_grads": "plots", "ReferenceResult": "reference",
-    "control_panel": "panel", "ControlPanel": "panel",
+    "build_model": "engine.model", "fingerprint": "engine.model", "flat_params": "engine.model",
+    "TrainResult": "engine.result", "RankRecords": "engine.result",
+    "launch": "ranks.launcher", "LaunchError": "ranks.launcher", "RankFailedError": "ranks.launcher", "warm_up": "ranks.startmethod",
+    "run_training": "engine.runner",
+    "train_single_process": "lesson.reference",
+    "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint", "latest_checkpoint": "engine.checkpoint",
+    "plot_losses": "lesson.plots", "plot_grad_norms": "lesson.plots", "plot_fingerprints": "lesson.plots", "plot_shard_strip": "lesson.plots",
+    "plot_captured_grads": "lesson.plots", "ReferenceResult": "lesson.reference",
+    "control_panel": "lesson.panel", "ControlPanel": "lesson.panel",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -13,7 +13,7 @@ import time
 import typing
 from typing import List, Optional, Tuple
 
-from .config import TrainConfig
+from .engine.config import TrainConfig
 
 
 def _bool_flag(optional: bool):
@@ -66,7 +66,7 @@ def write_outputs(result, out: str, plots: bool = True) -> List[str]:
     os.makedirs(out, exist_ok=True)
     paths = [result.save(os.path.join(out, "result.json"))]
     if plots:
-        from . import plots as P
+        from .lesson import plots as P
 
         for name, fig in (("loss.png", P.plot_losses(result, smooth=10)), ("grad_norms.png", P.plot_grad_norms(result)),
                           ("fingerprints.png", P.plot_fingerprints(result))):
@@ -117,10 +117,10 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     import torch
     import torch.distributed as dist
 
-    from . import worker
-    from ._proc import bind_this_thread, binding_plan
-    from .config import default_threads
-    from .job import Job, check_job
+    from .engine import worker
+    from .ranks.procs import bind_this_thread, binding_plan
+    from .engine.config import default_threads
+    from .engine.job import Job, check_job
 
     cfg, rank, local_world = _torchrun_config(cfg)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -148,8 +148,8 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
 
 def _check_out(out: str) -> None:
     """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc)."""
-    from .config import ConfigError
-    from .fileio import probe_output_dir
+    from .engine.config import ConfigError
+    from .engine.fileio import probe_output_dir
 
     try:
         probe_output_dir("--out", out)
@@ -160,9 +160,9 @@ def _check_out(out: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
     args = build_parser().parse_args(argv)
-    from .config import ConfigError
+    from .engine.config import ConfigError
     from .data import DataError
-    from .launcher import LaunchError, RankFailedError
+    from .ranks.launcher import LaunchError, RankFailedError
 
     try:
         cfg = config_from_args(args)
@@ -176,7 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             import matplotlib
 
             matplotlib.use("Agg")
-            from .runner import run_training
+            from .engine.runner import run_training
 
             result = run_training(cfg, start_method=args.start_method)
             write_outputs(result, args.out, not args.no_plots)

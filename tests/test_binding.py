@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ddp_helpers import LaunchError, launch
-import ddp_helpers._proc as P
-from ddp_helpers._proc import core_plan, usable_cores
-from ddp_helpers.batches import loader_worker_init
+import ddp_helpers.ranks.procs as P
+from ddp_helpers.ranks.procs import core_plan, usable_cores
+from ddp_helpers.engine.batches import loader_worker_init
 
 CORES = usable_cores()
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2 or not hasattr(os, "sched_setaffinity"),

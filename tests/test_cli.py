@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ddp_helpers import TrainResult
-from ddp_helpers.config import free_port
+from ddp_helpers.engine.config import free_port
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 
@@ -138,8 +138,8 @@ def test_cli_plain_bool_flag_refuses_auto(capsys):
 
 
 def test_default_threads_follow_the_usable_cores(monkeypatch):
-    import ddp_helpers._proc as P
-    import ddp_helpers.config as C
+    import ddp_helpers.ranks.procs as P
+    import ddp_helpers.engine.config as C
 
     monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
     monkeypatch.setattr(P, "cpu_quota", lambda: None)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-import ddp_helpers._proc as P
-import ddp_helpers.config as C
+import ddp_helpers.ranks.procs as P
+import ddp_helpers.engine.config as C
 
 
 def _tree(tmp_path, cgroup_lines, files):

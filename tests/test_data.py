@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_helpers import TrainConfig, normalize, shard_indices
-from ddp_helpers import data as D
+from ddp_helpers.data import sources as D
+from ddp_helpers.data import splits as S
 
 
 @pytest.mark.parametrize("n,world", [(4000, 2), (4000, 3), (10, 4), (60000, 2), (7, 2)])
@@ -152,8 +153,8 @@ def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
 
 
 def test_steps_per_epoch_seed_vs_default():
-    assert D.steps_per_epoch(60000, 2, 64, "default") == 469
-    assert D.steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
+    assert S.steps_per_epoch(60000, 2, 64, "default") == 469
+    assert S.steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
 
 
 def test_ranks_receive_the_parents_normalized_images(small_cfg):
@@ -173,7 +174,7 @@ def _gather_faults(t: torch.Tensor, premap: bool, q) -> None:
 
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it would hang)
     if premap:
-        D.map_pages(t)
+        S.map_pages(t)
     idx = torch.randperm(len(t), generator=torch.Generator().manual_seed(0))
     out = torch.empty(64, *t.shape[1:]).fill_(0)  # preallocated and touched: only reads of t can fault below
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

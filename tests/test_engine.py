@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ddp_helpers import TrainConfig, build_model, launch, run_training, train_single_process
-from ddp_helpers.plan import StepPlan
-from ddp_helpers.telemetry import RankField, StepFloat, StepInt, TelemetryBuffers
+from ddp_helpers.engine.plan import StepPlan
+from ddp_helpers.engine.telemetry import RankField, StepFloat, StepInt, TelemetryBuffers
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ddp_helpers"
 
@@ -75,7 +75,7 @@ def _synced_grad(rank, world_size, comm_hook):
     """Both ranks' gradient is GRAD; the gradient after DDP's all-reduce through the package's hook."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_helpers.hooks import attach_recorder
+    from ddp_helpers.engine.hooks import attach_recorder
 
     model = torch.nn.Linear(3, 1, bias=False)
     ddp = DDP(model)
@@ -152,7 +152,7 @@ def test_no_function_in_the_package_is_longer_than_60_lines():
 
 
 def test_the_ddp_loop_reads_like_the_listing():
-    from ddp_helpers import worker
+    from ddp_helpers.engine import worker
     import inspect
 
     src = inspect.getsource(worker.train)

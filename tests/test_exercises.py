@@ -175,7 +175,7 @@ def test_checks_run_at_another_world_size(name, world_size):
 
 
 def test_a_world_size_the_check_cannot_use_is_refused():
-    from ddp_helpers.config import ConfigError
+    from ddp_helpers.engine.config import ConfigError
 
     with pytest.raises(ConfigError, match="world_size=1"):
         EXERCISES["global_mean"](SOLUTIONS["global_mean"], world_size=1)
@@ -245,7 +245,7 @@ def test_solved_notebook_passes_in_a_real_kernel(tmp_path):
 def test_a_group_that_fails_to_form_is_launched_again(monkeypatch):
     """A rank that failed inside the launcher's own group set-up (a busy machine) costs a retry, not a verdict."""
     from ddp_helpers.exercises import _harness
-    from ddp_helpers.launcher import RankFailedError
+    from ddp_helpers.ranks.launcher import RankFailedError
 
     calls = []
 
@@ -263,7 +263,7 @@ def test_a_group_that_fails_to_form_is_launched_again(monkeypatch):
 
 def test_a_rank_dying_in_the_learners_code_is_not_retried(monkeypatch):
     from ddp_helpers.exercises import _harness
-    from ddp_helpers.launcher import RankFailedError
+    from ddp_helpers.ranks.launcher import RankFailedError
 
     calls = []
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ddp_helpers.model import build_model, fingerprint
-from ddp_helpers.telemetry import samples_hash
+from ddp_helpers.engine.model import build_model, fingerprint
+from ddp_helpers.engine.telemetry import samples_hash
 
 
 def test_equal_parameters_equal_fingerprints_whatever_the_container():

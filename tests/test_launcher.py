@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from ddp_helpers import RankFailedError, launch
-from ddp_helpers.launcher import is_comm_error
+from ddp_helpers.ranks.launcher import is_comm_error
 
 
 def _one_rank_ends_early(rank: int, world_size: int, wait_s: float) -> int:

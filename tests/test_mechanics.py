@@ -9,7 +9,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import ConfigError, RankFailedError, launch
-from ddp_helpers.mechanics import (BranchNet, build_batchnorm_model, build_branch_model, comm_failure,
+from ddp_helpers.lesson.mechanics import (BranchNet, build_batchnorm_model, build_branch_model, comm_failure,
                                    tidy_error)
 
 GLOO_CLOSED = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection "

@@ -54,8 +54,8 @@ def test_environment_yml_matches_pyproject():
 
 
 def test_rank_import_stays_light():
-    """A spawned rank imports ddp_helpers.worker: it must not drag in matplotlib, torchvision or widgets."""
-    code = ("import sys, ddp_helpers.worker, ddp_helpers.launcher; "
+    """A spawned rank imports ddp_helpers.engine.worker: it must not drag in matplotlib, torchvision or widgets."""
+    code = ("import sys, ddp_helpers.engine.worker, ddp_helpers.ranks.launcher; "
             "print(sorted(m for m in ('matplotlib', 'torchvision', 'ipywidgets', 'mlxtend') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"worker import pulled in {out}"

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from ddp_helpers import ConfigError, RankFailedError, TrainConfig  # noqa: E402
-from ddp_helpers.panel import ControlPanel, control_panel  # noqa: E402
+from ddp_helpers.lesson.panel import ControlPanel, control_panel  # noqa: E402
 
 BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)
 

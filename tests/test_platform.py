@@ -12,12 +12,12 @@ import time
 import psutil
 import pytest
 
-import ddp_helpers._proc as P
+import ddp_helpers.ranks.procs as P
 from ddp_helpers import TrainConfig
-from ddp_helpers import faults
-from ddp_helpers.launcher import check_start_method, resolve_start_method
-from ddp_helpers.runner import ProgressBar
-from ddp_helpers.telemetry import TelemetryBuffers
+from ddp_helpers.engine import faults
+from ddp_helpers.ranks.launcher import check_start_method, resolve_start_method
+from ddp_helpers.engine.runner import ProgressBar
+from ddp_helpers.engine.telemetry import TelemetryBuffers
 
 from _procs import survivors_of_killed
 
@@ -105,7 +105,7 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
 SLOW_PRELOAD_PARENT = textwrap.dedent("""
     import sys
     from ddp_helpers import launch
-    from ddp_helpers import startmethod as S
+    from ddp_helpers.ranks import startmethod as S
 
     def hello(rank, world_size):
         return rank
@@ -160,7 +160,7 @@ def test_warm_up_starts_the_server_before_torch_is_imported_and_the_launch_uses_
 def test_warm_up_where_there_is_no_forkserver_starts_nothing(monkeypatch):
     import multiprocessing.forkserver as fs
 
-    from ddp_helpers.startmethod import warm_up
+    from ddp_helpers.ranks.startmethod import warm_up
 
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # Windows
     monkeypatch.setattr(fs, "ensure_running", lambda: pytest.fail("warm_up started a forkserver on Windows"))

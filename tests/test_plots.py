@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from ddp_helpers import shard_indices  # noqa: E402
-from ddp_helpers.plots import OWNED_BY_NONE, SHARED_BY_RANKS, plot_shard_strip, shard_owners  # noqa: E402
+from ddp_helpers.lesson.plots import OWNED_BY_NONE, SHARED_BY_RANKS, plot_shard_strip, shard_owners  # noqa: E402
 
 
 def _image(fig) -> np.ndarray:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ddp_helpers import RankFailedError, TrainConfig, launch, run_training
-from ddp_helpers import launcher as L
+from ddp_helpers.ranks import launcher as L
 
 from _procs import describe_and_kill, outliving
 

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ddp_helpers import ConfigError, TrainConfig, run_training
-from ddp_helpers import launcher as L
-from ddp_helpers.checkpoint import check_resume, save_checkpoint
-from ddp_helpers.model import build_model
-from ddp_helpers.rng import rng_state
+from ddp_helpers.ranks import launcher as L
+from ddp_helpers.engine.checkpoint import check_resume, save_checkpoint
+from ddp_helpers.engine.model import build_model
+from ddp_helpers.engine.rng import rng_state
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)

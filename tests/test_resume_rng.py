@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_helpers import RankFailedError, TrainConfig, latest_checkpoint, run_training, worker
-from ddp_helpers.checkpoint import load_checkpoint
-from ddp_helpers.rng import rank_seed, rng_state, set_rng_state
+from ddp_helpers import RankFailedError, TrainConfig, latest_checkpoint, run_training
+from ddp_helpers.engine import worker
+from ddp_helpers.engine.checkpoint import load_checkpoint
+from ddp_helpers.engine.rng import rank_seed, rng_state, set_rng_state
 
 CFG = TrainConfig(dataset="mnist-5k", backend="gloo", max_steps=12, threads_per_rank=1, momentum=0.9)
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from ddp_helpers import ConfigError, LaunchError, RankFailedError, TrainConfig, launch, run_training
-from ddp_helpers import launcher as L
-from ddp_helpers.config import free_port
-from ddp_helpers.faults import InjectedFault
+from ddp_helpers.ranks import launcher as L
+from ddp_helpers.engine.config import free_port
+from ddp_helpers.engine.faults import InjectedFault
 
 from _procs import running
 
@@ -120,7 +120,7 @@ def test_unwritable_data_root_when_a_download_is_needed(tmp_path):
 def test_unreadable_data_root_is_refused(tmp_path):
     root = tmp_path / "file-not-dir"
     root.write_text("x")
-    from ddp_helpers import data as D
+    from ddp_helpers.data import sources as D
 
     D.clear_cache()
     with pytest.raises(ConfigError, match="data_root"):
@@ -140,7 +140,7 @@ def test_too_many_nccl_ranks_refused(monkeypatch):
 
 
 def test_auto_backend_picks_gloo_without_enough_gpus(monkeypatch):
-    from ddp_helpers.config import resolve_backend
+    from ddp_helpers.engine.config import resolve_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -158,7 +158,7 @@ def test_fork_refused_when_cuda_is_initialized(monkeypatch):
 def test_spawn_from_a_program_on_stdin_is_refused_before_anything_starts(tmp_path):
     """`python - <<EOF`: spawn can't re-import a main program that has no file; say so instead of a dead rank."""
     code = textwrap.dedent("""
-        import ddp_helpers.runner as R
+        import ddp_helpers.engine.runner as R
         from ddp_helpers import TrainConfig, run_training
         real_load = R.load_data
         R.load_data = lambda *a, **k: print("data loaded") or real_load(*a, **k)
@@ -380,7 +380,7 @@ def test_two_launches_in_one_process_get_different_ports():
 
 # ------------------------------------------------------------------------------------------ 7. checkpoints
 def test_checkpoint_written_by_rank_0_only_and_atomically(tmp_path, monkeypatch):
-    from ddp_helpers import checkpoint
+    from ddp_helpers.engine import checkpoint
 
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -401,7 +401,7 @@ def test_checkpoint_written_by_rank_0_only_and_atomically(tmp_path, monkeypatch)
 
 
 def test_checkpoint_crash_mid_write_leaves_no_file(tmp_path, monkeypatch):
-    from ddp_helpers import checkpoint as C
+    from ddp_helpers.engine import checkpoint as C
 
     def broken_save(obj, f):
         f.write(b"half")
@@ -474,8 +474,8 @@ def test_resume_with_a_different_learning_rate_is_refused(tmp_path):
 
 def test_unwritable_data_root_refused_even_when_running_as_root(tmp_path, monkeypatch):
     """Root may write anywhere, so deny write access the way a normal user would meet it."""
-    from ddp_helpers import config as C
-    from ddp_helpers import data as D
+    from ddp_helpers.engine import config as C
+    from ddp_helpers.data import sources as D
 
     ro = tmp_path / "read-only"
     ro.mkdir()
@@ -491,7 +491,7 @@ def test_unwritable_data_root_refused_even_when_running_as_root(tmp_path, monkey
 def test_seed_pipeline_stops_its_loader_workers_before_the_rank_ends(tmp_path, monkeypatch):
     # A rank ends with os._exit, which skips the finalizers of live DataLoader workers' queues: their
     # semaphores then "leak" (Python warns at shutdown). The loop must release its loader first.
-    import ddp_helpers.worker as W
+    import ddp_helpers.engine.worker as W
 
     original = W.evaluate
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import math
 
-from ddp_helpers.result import collect_result
-from ddp_helpers.telemetry import RankField, TelemetryBuffers
+from ddp_helpers.engine.result import collect_result
+from ddp_helpers.engine.telemetry import RankField, TelemetryBuffers
 
 
 def _result(firsts, ends, t_launch=10.0, t_done=20.0):

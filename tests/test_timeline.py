@@ -14,8 +14,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import launch
-from ddp_helpers import timeline
-from ddp_helpers.lesson_plots import plot_loss_curves, plot_timeline
+from ddp_helpers.lesson import timeline
+from ddp_helpers.lesson.lesson_plots import plot_loss_curves, plot_timeline
 
 
 def _mlp() -> nn.Module:

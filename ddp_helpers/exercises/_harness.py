@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..config import ConfigError
-from ..launcher import LaunchError, RankFailedError, is_comm_error, launch
+from ..engine.config import ConfigError
+from ..ranks.launcher import LaunchError, RankFailedError, is_comm_error, launch
 
 # The learner's functions live in notebook cells: the launcher sends them to the ranks by value (cloudpickle),
 # so the checks use its default start method (a forkserver with torch preloaded, or spawn). Every check

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model import build_model
+from ..engine.model import build_model
 
 GRAD_BATCH = 16  # samples per rank in the gradient and checkpoint exercises
 

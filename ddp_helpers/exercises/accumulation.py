@@ -8,7 +8,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..model import build_model
+from ..engine.model import build_model
 from ._harness import call_student, exercise, fail, rel_close, run_ranks, student_outcomes
 from ._reference import rank_batch, reference_grads, reference_model
 

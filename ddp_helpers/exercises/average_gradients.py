@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..model import build_model
+from ..engine.model import build_model
 from ._harness import (Verdict, call_student, check_on_2_and_3_ranks, close, exercise, fail, student_outcomes,
                        swap_globals)
 from ._reference import GRAD_BATCH, rank_batch, reference_grads

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ..config import ConfigError
+from ..engine.config import ConfigError
 from ._harness import Verdict, call_cases, exercise, fail, run_ranks, student_outcomes
 
 LOADER_N, LOADER_BATCH = 40, 4

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..model import build_model
+from ..engine.model import build_model
 from ._harness import call_student, exercise, fail, run_ranks, student_outcomes, swap_globals
 from ._reference import GRAD_BATCH, rank_batch, reference_model
 

@@ -6,7 +6,7 @@ job is that side effect, and nothing but the forkserver imports it.
 """
 import gc
 
-from ddp_helpers._server_watch import stop
+from ddp_helpers.ranks.server_watch import stop
 
 stop()  # the preloads are done: fork the ranks from one thread
 gc.collect()

@@ -8,9 +8,9 @@ START_METHODS = ("auto", "forkserver", "spawn", "fork")
 # What the forkserver imports once, so that each rank it forks starts with torch, torch.distributed and
 # torch._dynamo (which DDP's constructor imports: ~3 s) already loaded. _server_watch comes first (the server
 # must not outlive a launcher killed while it preloads), _freeze_gc last (see each).
-FORKSERVER_PRELOAD = ["ddp_helpers._server_watch", "ddp_helpers._boot", "ddp_helpers.launcher", "ddp_helpers.worker",
+FORKSERVER_PRELOAD = ["ddp_helpers.ranks.server_watch", "ddp_helpers.ranks.boot", "ddp_helpers.ranks.launcher", "ddp_helpers.engine.worker",
                       "torch.distributed",
-                      "torch._dynamo", "ddp_helpers._freeze_gc"]
+                      "torch._dynamo", "ddp_helpers.ranks.freeze_gc"]
 
 
 def resolve_start_method(start_method: str) -> str:

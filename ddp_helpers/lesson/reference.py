@@ -8,11 +8,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import TrainConfig
-from .data import DataSplits, load_data, shard_indices
-from .model import build_model, fingerprint, flat_params
-from .plan import StepPlan
-from .result import hex64
+from ..engine.config import TrainConfig
+from ..data import DataSplits, load_data, shard_indices
+from ..engine.model import build_model, fingerprint, flat_params
+from ..engine.plan import StepPlan
+from ..engine.result import hex64
 
 
 @dataclass

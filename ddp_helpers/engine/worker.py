@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ._proc import freeze_heap
+from ..ranks.procs import freeze_heap
 from .batches import Batch, RankBatches
 from .checkpoint import resume, save_if_due
 from .config import TrainConfig
-from .data import DataSplits, load_data, normalize
+from ..data import DataSplits, load_data, normalize
 from .faults import inject_fault
 from .hooks import attach_recorder
 from .model import build_model, flat_params

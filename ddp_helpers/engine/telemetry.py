@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ._proc import peak_rss_bytes
+from ..ranks.procs import peak_rss_bytes
 from .config import TrainConfig
 from .hooks import GradRecorder
 from .model import fingerprint

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
-from ._boot import rank_main
-from ._proc import bind_this_thread, binding_plan
-from .config import ConfigError, check_address, default_threads, resolve_backend
-from .fileio import atomic_write
+from .boot import rank_main
+from .procs import bind_this_thread, binding_plan
+from ..engine.config import ConfigError, check_address, default_threads, resolve_backend
+from ..engine.fileio import atomic_write
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 
 LOG_DIR_PREFIX = "ddp_helpers-ranks-"  # the ranks' log folders in the temp dir (their owner's pid inside)

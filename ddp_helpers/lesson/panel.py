@@ -17,11 +17,11 @@ import io
 import time
 from typing import Any, Dict, List, Optional
 
-from .config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
-from .data import DataError
-from .launcher import LaunchError, RankFailedError
-from .result import TrainResult
-from .startmethod import resolve_start_method
+from ..engine.config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
+from ..data import DataError
+from ..ranks.launcher import LaunchError, RankFailedError
+from ..engine.result import TrainResult
+from ..ranks.startmethod import resolve_start_method
 
 DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic
 _COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318"}
@@ -104,7 +104,7 @@ class ControlPanel:
             method = resolve_start_method(self.start_method)
             self._set_status("busy", f"run {run}: training {cfg.world_size} rank(s) ({method})...")
             t0 = time.monotonic()
-            from .runner import run_training
+            from ..engine.runner import run_training
 
             result = run_training(cfg, progress=False, start_method=method, on_progress=self._on_progress)
             seconds = time.monotonic() - t0

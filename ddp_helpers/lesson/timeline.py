@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from .hooks import Hook  # (process group, bucket) -> future, the signature of torch's own hooks
+from ..engine.hooks import Hook  # (process group, bucket) -> future, the signature of torch's own hooks
 
 
 class Timeline:

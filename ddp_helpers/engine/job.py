@@ -8,10 +8,10 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ._proc import peak_rss_bytes
+from ..ranks.procs import peak_rss_bytes
 from .checkpoint import check_resume
 from .config import ConfigError, TrainConfig, validate
-from .data import DataSplits
+from ..data import DataSplits
 from .model import build_model, n_params
 from .plan import StepPlan
 from .result import TrainResult, collect_result

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 
-from ._proc import die_with_parent
+from .procs import die_with_parent
 
 
 def _exit_when(sentinel) -> None:

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .config import ConfigError
+from ..engine.config import ConfigError
 
 AUX_MODES = ("never", "always", "alternate")
 # gloo prefixes its errors with the C++ source location (a build path) and names the peer's address and port.

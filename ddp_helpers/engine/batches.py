@@ -7,9 +7,9 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from ._proc import die_with_parent, unbind_this_process
+from ..ranks.procs import die_with_parent, unbind_this_process
 from .config import TrainConfig
-from .data import DataSplits, SeedListingDataset, map_pages, shard_indices
+from ..data import DataSplits, SeedListingDataset, map_pages, shard_indices
 
 Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # images, labels, sample indices
 

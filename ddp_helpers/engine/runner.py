@@ -8,9 +8,9 @@ from typing import Callable, List, Optional
 
 from . import worker
 from .config import TrainConfig, default_threads
-from .data import load_data
+from ..data import load_data
 from .job import Job, check_job
-from .launcher import RankFailedError, check_start_method, launch
+from ..ranks.launcher import RankFailedError, check_start_method, launch
 from .result import TrainResult
 from .telemetry import TelemetryBuffers
 

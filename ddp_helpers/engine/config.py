@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from ._proc import binding_plan, cpu_budget
+from ..ranks.procs import binding_plan, cpu_budget
 
 BACKENDS = ("auto", "gloo", "nccl")
 DATASETS = ("mnist", "fashion-mnist", "mnist-5k")
