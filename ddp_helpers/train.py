@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
 import sys
 import time
 import typing
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from .engine.config import TrainConfig
 
@@ -76,18 +75,6 @@ def write_outputs(result, out: str, plots: bool = True) -> List[str]:
     return paths
 
 
-def _under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def _torchrun_config(cfg: TrainConfig) -> Tuple[TrainConfig, int, int]:
-    """cfg with torchrun's world size; (cfg, global rank, ranks on this node) from torchrun's environment."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
-    return cfg.replace(world_size=world, master_port=0), rank, local_world
-
-
 def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int):
     """One process per node reads (or downloads) the data first; the others then read the files it wrote."""
     import torch.distributed as dist
@@ -112,38 +99,50 @@ def _gather_on_rank0(job, rank: int) -> bool:
     return rank == 0
 
 
-def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
-    """One rank of a torchrun job: init from the environment, train, gather telemetry on rank 0."""
-    import torch
-    import torch.distributed as dist
-
+def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, start_step: int, out: str,
+                   plots: bool, t_launch: float) -> Optional[object]:
+    """A torchrun rank's work inside its group: this node's data, the loop, the records gathered on rank 0."""
     from .engine import worker
-    from .ranks.procs import bind_this_thread, binding_plan
-    from .engine.config import default_threads
-    from .engine.job import Job, check_job
+    from .engine.job import Job
+    from .ranks.env import RankEnv
 
-    cfg, rank, local_world = _torchrun_config(cfg)
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    backend, start_step = check_job(cfg, local_world_size=local_world, check_port=False)  # the checks run_training makes
-    threads = cfg.threads_per_rank or default_threads(local_world)
-    torch.set_num_threads(threads)
-    t_launch = time.monotonic()
-    # env:// reads MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE that torchrun set for this process.
-    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    job = Job.create(cfg, backend, _load_on_node(cfg, rank, RankEnv.from_environ().local_rank), start_step)
+    job.t_launch = t_launch
     try:
-        plan = binding_plan(local_world, threads, backend, cfg.bind_cores)  # this node's ranks share its cores
-        if plan is not None:  # as launch() does: after gloo's threads exist, the training thread gets its own cores
-            bind_this_thread(plan[local_rank])
-        job = Job.create(cfg, backend, _load_on_node(cfg, rank, local_rank), start_step)
-        job.t_launch = t_launch
-        out_summary = worker.train(rank, cfg.world_size, cfg, backend, job.data, job.buffers)
-        if not _gather_on_rank0(job, rank):
-            return None
-        result = job.result(final_params=out_summary["final_params"])
-        write_outputs(result, out, plots)
-        return result
-    finally:
-        dist.destroy_process_group()
+        summary = worker.train(rank, world_size, cfg, backend, job.data, job.buffers)
+    except BaseException:
+        if rank == 0:  # what rank 0 recorded before the failure (its peers' rows are out of reach now)
+            _save_partial(job, out)
+        raise
+    if not _gather_on_rank0(job, rank):
+        return None
+    result = job.result(final_params=summary["final_params"])
+    write_outputs(result, out, plots)
+    return result
+
+
+def _save_partial(job, out: str) -> None:
+    try:
+        path = job.result(complete=False).save(os.path.join(out, "partial_result.json"))
+        print(f"metrics rank 0 collected before the failure: {path}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - never hide the failure itself
+        print(f"could not save rank 0's partial metrics: {e}", file=sys.stderr)
+
+
+def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
+    """One rank of a torchrun job, entered the way every rank is (ranks.rank.run_rank); rank 0 returns the result."""
+    from .engine.config import default_threads
+    from .engine.job import check_job
+    from .ranks.env import RankEnv
+    from .ranks.rank import run_rank
+
+    env = RankEnv.from_environ()
+    # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
+    cfg = cfg.replace(world_size=env.world_size, master_port=0)
+    backend, start_step = check_job(cfg, local_world_size=env.local_world_size, check_port=False)
+    threads = cfg.threads_per_rank or default_threads(env.local_world_size)  # this node's ranks share its cores
+    return run_rank(_torchrun_rank, (cfg, backend, start_step, out, plots, time.monotonic()), backend, cfg.timeout_s,
+                    threads, cfg.bind_cores)
 
 
 def _check_out(out: str) -> None:
@@ -162,14 +161,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .engine.config import ConfigError
     from .data import DataError
+    from .ranks.env import under_torchrun
     from .ranks.launcher import LaunchError, RankFailedError
 
     try:
         cfg = config_from_args(args)
-        if not _under_torchrun() or os.environ["RANK"] == "0":  # the process that will write the results
+        torchrun = under_torchrun()
+        if not torchrun or os.environ["RANK"] == "0":  # the process that will write the results
             _check_out(args.out)  # before anything trains: a run whose results can't be written is refused now
-        if _under_torchrun():
-            result = run_torchrun(cfg, args.out, not args.no_plots)
+        if torchrun:
+            from torch.distributed.elastic.multiprocessing.errors import record
+
+            # record: an error leaves torchrun's error file, so the agent names this rank's traceback as root cause
+            result = record(run_torchrun)(cfg, args.out, not args.no_plots)
             if result is None:
                 return 0
         else:

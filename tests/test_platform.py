@@ -103,15 +103,14 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
 
 
 SLOW_PRELOAD_PARENT = textwrap.dedent("""
-    import sys
+    import os
     from ddp_helpers import launch
-    from ddp_helpers.ranks import startmethod as S
 
     def hello(rank, world_size):
         return rank
 
     if __name__ == "__main__":
-        S.FORKSERVER_PRELOAD.insert(1, "slow_preload")  # after _server_watch: a server still importing torch
+        os.environ["DDP_HELPERS_PRELOAD"] = "slow_preload"  # inside the server's watch: a server still preloading
         print("launching", flush=True)
         launch(hello, 2, start_method="forkserver")
 """)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..engine.config import ConfigError
-from ..ranks.launcher import LaunchError, RankFailedError, is_comm_error, launch
+from ..ranks.launcher import LaunchError, RankFailedError, launch, raised_in_collective
 
 # The learner's functions live in notebook cells: the launcher sends them to the ranks by value (cloudpickle),
 # so the checks use its default start method (a forkserver with torch preloaded, or spawn). Every check
@@ -239,7 +239,7 @@ def error_report(e: BaseException, fn: Callable) -> Dict[str, Any]:
     """An error raised in a rank as data: type, first line, where in fn, and whether it only says a peer was lost."""
     text = str(e).strip()
     return {"status": "error", "type": type(e).__name__, "message": text.splitlines()[0][:300] if text else "",
-            "where": _where(e, fn), "comm": is_comm_error(f"{type(e).__name__}: {e}")}
+            "where": _where(e, fn), "comm": raised_in_collective(e)}
 
 
 def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
@@ -320,7 +320,7 @@ def run_ranks(harness: Callable, world_size: int, args: tuple,
             except RankFailedError as e:
                 # The group the check sets up failed before the learner's code ran (on a machine so busy that a
                 # rank reached the rendezvous after its peer's timeout): not the learner's mistake, so again.
-                if not (init_group and "_join_group" in e.traceback_text) or attempt == SETUP_ATTEMPTS - 1:
+                if not (init_group and "init_group_from_env" in e.traceback_text) or attempt == SETUP_ATTEMPTS - 1:
                     raise
     except _CheckDeadline:
         raise timeout_verdict() from None

@@ -11,12 +11,15 @@ import os
 import signal
 import threading
 
-from .procs import die_with_parent
+from .procs import die_with_parent, kill_group, lead_own_group
 
 
 def _exit_when(sentinel) -> None:
     multiprocessing.connection.wait([sentinel])
-    os._exit(1)  # the parent is gone: nobody will read our result, and a rank must never outlive its job
+    # The parent is gone: nobody will read our result, and a rank must never outlive its job, nor what it started.
+    if hasattr(os, "getpgrp") and os.getpgrp() == os.getpid():
+        kill_group(os.getpid())  # this rank's group: itself and everything it started
+    os._exit(1)
 
 
 def watch_parent() -> None:
@@ -42,9 +45,10 @@ def _default_signals() -> None:
 
 
 def rank_main(rank: int, *args) -> None:
-    """Process target: watch the parent, then run the rank (launcher.rank_entry)."""
+    """Process target: lead a process group of its own, watch the parent, then run the rank (rank.rank_entry)."""
     _default_signals()
+    lead_own_group()  # the launcher ends this group at the end: whatever the rank starts goes with it
     watch_parent()
-    from .launcher import rank_entry  # torch is imported only now
+    from .rank import rank_entry  # torch is imported only now
 
     rank_entry(rank, *args)

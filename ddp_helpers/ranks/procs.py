@@ -182,3 +182,36 @@ def freeze_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def lead_own_group() -> None:
+    """Make this process the leader of a new process group, so that it and all it starts can be ended at once."""
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # already a group or session leader
+            pass
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group a rank leads (what it started, even after the rank exited)."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # empty: nothing left
+            pass
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, and theirs, wherever they moved (psutil walks the tree)."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass

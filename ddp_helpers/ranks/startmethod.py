@@ -5,12 +5,7 @@ import multiprocessing
 import os
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
-# What the forkserver imports once, so that each rank it forks starts with torch, torch.distributed and
-# torch._dynamo (which DDP's constructor imports: ~3 s) already loaded. _server_watch comes first (the server
-# must not outlive a launcher killed while it preloads), _freeze_gc last (see each).
-FORKSERVER_PRELOAD = ["ddp_helpers.ranks.server_watch", "ddp_helpers.ranks.boot", "ddp_helpers.ranks.launcher", "ddp_helpers.engine.worker",
-                      "torch.distributed",
-                      "torch._dynamo", "ddp_helpers.ranks.freeze_gc"]
+PRELOAD = "ddp_helpers.ranks.server_preload"  # what the forkserver imports once (see that module)
 
 
 def resolve_start_method(start_method: str) -> str:
@@ -20,11 +15,27 @@ def resolve_start_method(start_method: str) -> str:
     return start_method
 
 
+def _own_multiprocessing_dir() -> None:
+    """Give multiprocessing a temp folder with an owner file, instead of the pymp-* it would make for the
+    forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
+    import multiprocessing.process
+    import multiprocessing.util
+    import shutil
+
+    from .cleanup import MP_DIR_PREFIX, owned_dir
+
+    config = multiprocessing.process.current_process()._config
+    if config.get("tempdir") is None:  # what multiprocessing.util.get_temp_dir does, with our folder
+        config["tempdir"] = folder = owned_dir(MP_DIR_PREFIX)
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+
+
 def prepare_forkserver() -> None:
     """Name the launcher and the preload list; both take effect when the server starts (once per process)."""
+    _own_multiprocessing_dir()
     ctx = multiprocessing.get_context("forkserver")
-    os.environ["DDP_HELPERS_LAUNCHER_PID"] = str(os.getpid())  # whom _server_watch watches (the server inherits it)
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    os.environ["DDP_HELPERS_LAUNCHER_PID"] = str(os.getpid())  # the server's preload checks it is ours (inherited)
+    ctx.set_forkserver_preload([PRELOAD])
 
 
 def warm_up() -> None:
