@@ -1,0 +1,98 @@
+"""The package's shape: no import circle, no module over 400 lines, one init_process_group call, no import-time threads."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ddp_helpers"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> set:
+    """Every ddp_helpers module this file imports, at the top or inside a function."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base.startswith("ddp_helpers"):
+                for alias in node.names:  # `from . import worker` imports a module; `from .x import f` imports x
+                    candidate = f"{base}.{alias.name}"
+                    found.add(candidate if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists() else base)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ddp_helpers"))
+    return found
+
+
+def _graph() -> dict:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
+
+
+def _cycle(graph: dict):
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                return path[path.index(n):] + [n]
+            if n not in state:
+                found = visit(n, path + [n])
+                if found:
+                    return found
+        state[m] = "done"
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m, [m])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circle_between_modules():
+    graph = {m: {i for i in deps if not m.startswith(i + ".")} for m, deps in _graph().items()}  # a package's own
+    cycle = _cycle(graph)  # __init__ is loaded before its modules by Python itself: not a circle of ours
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}"
+
+
+def test_one_init_process_group_call_in_the_package():
+    calls = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "init_process_group":
+                calls.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert len(calls) == 1 and calls[0].startswith("ranks/rank.py:"), calls
+
+
+def test_importing_every_module_starts_no_thread():
+    modules = sorted(m for m in _graph() if not m.endswith("__main__"))
+    code = ("import importlib, threading, sys\n"
+            f"for m in {modules!r}:\n"
+            "    importlib.import_module(m)\n"
+            "print(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
