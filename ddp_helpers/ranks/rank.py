@@ -8,7 +8,9 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
@@ -20,9 +22,61 @@ from .procs import bind_this_thread, binding_plan, kill_descendants
 from .report import error_report, value_report, write_report
 
 
-def init_group_from_env(backend: str, timeout_s: float) -> None:
-    """init_process_group from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under torchrun (env://)."""
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+SETUP_GRACE_S = 5.0  # past timeout_s, before a rank stuck in set-up gives up on its own
+
+
+def init_group_from_env(backend: str, timeout_s: float, env: RankEnv) -> None:
+    """init_process_group from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under torchrun (env://).
+
+    gloo without GLOO_SOCKET_IFNAME listens on the address this machine's hostname resolves to, often 127.0.0.1
+    (an /etc/hosts line), which peers on other machines can't reach: the interface that routes to MASTER_ADDR is
+    chosen instead. The whole call is bounded: gloo's connection retries can outlast its timeout many times over.
+    """
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_towards(env.master_addr, env.master_port)
+    with _SetupDeadline(timeout_s + SETUP_GRACE_S, env, backend):
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class _SetupDeadline:
+    """End this process, saying what it waited for, if the block hasn't finished within limit_s."""
+
+    def __init__(self, limit_s: float, env: RankEnv, backend: str):
+        self.limit_s, self.env, self.backend = limit_s, env, backend
+        self.done = threading.Event()
+
+    def __enter__(self) -> "_SetupDeadline":
+        threading.Thread(target=self._watch, name="ddp_helpers-setup-deadline", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+
+    def _watch(self) -> None:
+        if self.done.wait(self.limit_s):
+            return
+        e = self.env
+        where = f" on interface {os.environ['GLOO_SOCKET_IFNAME']} (GLOO_SOCKET_IFNAME)" if self.backend == "gloo" else ""
+        print(f"rank {e.rank}: no process group after {self.limit_s:.0f} s. init_process_group waits for all "
+              f"{e.world_size} ranks to reach the store at {e.master_addr}:{e.master_port}, then for each to connect "
+              f"to every other{where}: a rank that failed to start, or peers that can't reach each other, leave "
+              "the rest waiting here", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def interface_towards(host: str, port: int) -> str:
+    """The name of the network interface this machine uses to reach host (lo for a loopback host)."""
+    import psutil
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, port or 9))  # UDP: no packet is sent, the kernel only picks the route
+        local = s.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == local for a in addrs):
+            return name
+    raise RuntimeError(f"no network interface holds {local}, the address that routes to MASTER_ADDR={host}: set "
+                       "GLOO_SOCKET_IFNAME to the interface the ranks should use (ip addr lists them)")
 
 
 def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads: int,
@@ -32,7 +86,7 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     if not init_group:
         return fn(env.rank, env.world_size, *args)
-    init_group_from_env(backend, timeout_s)
+    init_group_from_env(backend, timeout_s, env)
     try:
         plan = binding_plan(env.local_world_size, threads, backend, bind_cores)
         if plan is not None:

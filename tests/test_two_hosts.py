@@ -1,0 +1,96 @@
+"""Two hosts for real (issue #27 §8): two network namespaces joined by a veth pair stand in for two machines,
+each with torchrun and 2 ranks; this machine's hostname resolves to 127.0.0.1, as on many laptops and clusters."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_helpers import TrainResult
+
+NODES = (("ddpt-node0", "ddpt-veth0", "10.77.0.1"), ("ddpt-node1", "ddpt-veth1", "10.77.0.2"))
+TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
+ENV.pop("GLOO_SOCKET_IFNAME", None)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    """Two namespaces, 10.77.0.1 and .2 on either end of one veth pair; removed afterwards."""
+    if shutil.which("ip") is None or TORCHRUN is None:
+        pytest.skip("needs iproute2's ip and torchrun")
+    try:
+        for ns, _, _ in NODES:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)  # a leftover of a killed run
+            _ip("netns", "add", ns)
+        _ip("link", "add", NODES[0][1], "type", "veth", "peer", "name", NODES[1][1])
+        for ns, dev, addr in NODES:
+            _ip("link", "set", dev, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as e:
+        for ns, _, _ in NODES:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        pytest.skip(f"can't make network namespaces here: {getattr(e, 'stderr', b'') or e}")
+    yield NODES
+    for ns, _, _ in NODES:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def _start(node: int, out, ifname: dict, extra=()) -> subprocess.Popen:
+    ns = NODES[node][0]
+    env = {**ENV, **({"GLOO_SOCKET_IFNAME": ifname[node]} if node in ifname else {})}
+    cmd = ["ip", "netns", "exec", ns, TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+           "--master-addr", NODES[0][2], "--master-port", "29517", "-m", "ddp_helpers.train", "--dataset", "mnist-5k",
+           "--max-steps", "3", "--threads-per-rank", "1", "--bind-cores", "false", "--no-plots", "--out", str(out),
+           *extra]
+    return subprocess.Popen(cmd, cwd=out.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(procs, timeout_s: float):
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout_s)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return logs
+
+
+@pytest.mark.timeout(300)
+def test_two_hosts_train_with_the_interface_that_routes_to_the_master(two_hosts, tmp_path):
+    """No GLOO_SOCKET_IFNAME: gloo would advertise 127.0.0.1 (the hostname's address); the ranks pick the veth."""
+    procs = [_start(n, tmp_path / f"node{n}", {}) for n in (0, 1)]
+    logs = _finish(procs, 240)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    res = TrainResult.load(str(tmp_path / "node0" / "result.json"))
+    assert res.world_size == 4 and res.fingerprints_agree()  # 4 ranks on 2 hosts, identical parameters
+
+
+@pytest.mark.timeout(300)
+def test_ranks_waiting_for_a_host_that_cant_be_reached_give_up_at_timeout_and_say_why(two_hosts, tmp_path):
+    """Every rank advertises loopback (GLOO_SOCKET_IFNAME=lo, what the hostname's 127.0.0.1 gave before the
+    interface was chosen): node 1's ranks fail to connect, and node 0's ranks, which torch's gloo leaves waiting
+    for them long past timeout_s (74 s with --timeout-s 10 here), end at timeout_s and a grace, saying why."""
+    t0 = time.monotonic()
+    procs = [_start(n, tmp_path / f"node{n}", {0: "lo", 1: "lo"}, extra=("--timeout-s", "10")) for n in (0, 1)]
+    logs = _finish(procs, 200)
+    took = time.monotonic() - t0
+    assert procs[0].returncode != 0
+    # Either our bound ended the wait (it names the store, the interface and GLOO_SOCKET_IFNAME), or gloo's own
+    # connect failed first on node 0 too (it names the address it couldn't reach); never a silent wait.
+    said = ("no process group after" in logs[0] and "GLOO_SOCKET_IFNAME" in logs[0]) or "connectFullMesh" in logs[0]
+    assert said, logs[0][-3000:]
+    assert took < 60, f"node 0 took {took:.0f} s to give up (timeout_s=10)"
