@@ -3,7 +3,7 @@
 A hint must name the mistake made, not the first symptom of it: an unchanged gradient comes from no all_reduce
 at all, or from an all_reduce of a copy; an all-reduce per micro-batch from no no_sync() at all, or from a
 forward run outside it. The checks record what happened here and judge the records in the parent. Every patch
-is made in a forked rank (or undone on leaving), so it never reaches the notebook's kernel.
+is made inside a rank's own process, so it never reaches the notebook's kernel.
 """
 from __future__ import annotations
 
