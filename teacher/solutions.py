@@ -1,11 +1,15 @@
 """Correct answers to notebooks/exercises/exercises.ipynb, one function per exercise (same names and signatures).
 
+Below them, other correct answers (ALTERNATIVES), written the other ways learners write them.
 Check them all with:  python -m teacher.solutions
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -88,8 +92,112 @@ SOLUTIONS = {
     "save_checkpoint": save_checkpoint,
 }
 
+
+# ------------------------------------------------------------------------------------ other correct answers
+# Written the other ways learners write them: a hint must come from what a function did, so every one of these
+# must pass its check too (tests/test_exercises.py), not only the one solution above.
+def global_mean_avg(value: torch.Tensor) -> torch.Tensor:
+    """Exercise 2 with ReduceOp.AVG (gloo supports it): the all_reduce divides."""
+    dist.all_reduce(value, op=dist.ReduceOp.AVG)
+    return value
+
+
+def global_mean_on_a_copy(value: torch.Tensor) -> torch.Tensor:
+    """Exercise 2 leaving the caller's tensor alone: all-reduce a copy, return the copy."""
+    total = value.clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
+def shard_indices_blocks(n: int, rank: int, world_size: int, epoch: int, seed: int) -> list:
+    """Exercise 3 with consecutive blocks of the padded permutation instead of a stride."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    per_rank = -(-n // world_size)
+    perm += perm[: per_rank * world_size - n]
+    return perm[rank * per_rank:(rank + 1) * per_rank]
+
+
+def make_loader_from_the_group(dataset, rank: int, world_size: int, batch_size: int, epoch: int) -> DataLoader:
+    """Exercise 4 with the sampler's defaults: rank and world size read from the process group."""
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    sampler.set_epoch(epoch)  # after building the loader is fine: the sampler is read when iterating
+    return loader
+
+
+def average_gradients_avg(model: torch.nn.Module) -> None:
+    """Exercise 5 with ReduceOp.AVG: no division of one's own."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def average_gradients_flat(model: torch.nn.Module) -> None:
+    """Exercise 5 the way DDP's buckets do it: one flat tensor, one all_reduce, the slices copied back."""
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def average_gradients_async(model: torch.nn.Module) -> None:
+    """Exercise 5 with every all_reduce started at once (async_op=True), each waited for before dividing."""
+    works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+    for w in works:
+        w.wait()
+    for p in model.parameters():
+        p.grad /= dist.get_world_size()
+
+
+def accumulation_step_exit_stack(ddp_model, optimizer, micro_batches) -> None:
+    """Exercise 6 with one loop body: an ExitStack enters no_sync() for all but the last micro-batch."""
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.ExitStack() as stack:
+            if i < len(micro_batches) - 1:
+                stack.enter_context(ddp_model.no_sync())
+            loss = F.cross_entropy(ddp_model(x), y) / len(micro_batches)
+            loss.backward()
+    optimizer.step()
+
+
+def accumulation_step_backward_outside(ddp_model, optimizer, micro_batches) -> None:
+    """Exercise 6 with only the forwards inside no_sync(): the forward decides, so the backward may be outside."""
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(micro_batches):
+        context = ddp_model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext()
+        with context:
+            loss = F.cross_entropy(ddp_model(x), y) / len(micro_batches)
+        loss.backward()  # accumulates locally when its forward ran inside no_sync()
+    optimizer.step()
+
+
+def save_checkpoint_mkstemp(ddp_model, optimizer, step: int, path: str) -> None:
+    """Exercise 7 with a temporary file of a unique name (tempfile.mkstemp) and Path.replace."""
+    if dist.get_rank() == 0:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"step": step, "model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict()}, f)
+        Path(tmp).replace(path)
+    dist.barrier()
+
+
+ALTERNATIVES = {
+    "global_mean": [global_mean_avg, global_mean_on_a_copy],
+    "shard_indices": [shard_indices_blocks],
+    "make_loader": [make_loader_from_the_group],
+    "average_gradients": [average_gradients_avg, average_gradients_flat, average_gradients_async],
+    "accumulation_step": [accumulation_step_exit_stack, accumulation_step_backward_outside],
+    "save_checkpoint": [save_checkpoint_mkstemp],
+}
+
 if __name__ == "__main__":
     from ddp_helpers.exercises import EXERCISES
 
-    results = [EXERCISES[name](fn) for name, fn in SOLUTIONS.items()]
+    answers = [(name, fn) for name, fn in SOLUTIONS.items()]
+    answers += [(name, fn) for name, fns in ALTERNATIVES.items() for fn in fns]
+    results = [EXERCISES[name](fn) for name, fn in answers]
     raise SystemExit(0 if all(r.passed for r in results) else 1)

@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it (not installed on purpose)
 
 from ddp_helpers.exercises import EXERCISES, NOT_DONE, CheckResult, reset_hints, summarize  # noqa: E402
 from ddp_helpers.exercises._harness import AGAIN, COMMON_NUDGES, NO_NUDGE  # noqa: E402
-from teacher.solutions import SOLUTIONS  # noqa: E402
+from teacher.solutions import ALTERNATIVES, SOLUTIONS  # noqa: E402
 from teacher.wrong_answers import WRONG  # noqa: E402
 
 NOTEBOOK = ROOT / "notebooks" / "exercises" / "exercises.ipynb"
@@ -92,6 +93,19 @@ def test_solution_passes(name, capsys):
     assert isinstance(result, CheckResult)
     assert result.passed, result.message
     assert result.mistake == "" and printed.startswith(f"PASS  {name}: ")
+
+
+@pytest.mark.parametrize("name, fn", [(n, f) for n, fns in ALTERNATIVES.items() for f in fns],
+                         ids=[f.__name__ for fns in ALTERNATIVES.values() for f in fns])
+def test_other_correct_answers_pass(name, fn):
+    """A check judges what a function did, not how it is written: AVG, a copy sent back, an ExitStack, ..."""
+    result = EXERCISES[name](fn, quiet=True)
+    assert result.passed, result.message
+
+
+def test_changed_exercises_have_other_correct_answers():
+    for name in ("global_mean", "average_gradients", "accumulation_step"):
+        assert len(ALTERNATIVES.get(name, [])) >= 2, name
 
 
 @pytest.mark.parametrize("name", list(EXERCISES))
@@ -275,3 +289,81 @@ def test_a_rank_dying_in_the_learners_code_is_not_retried(monkeypatch):
     with pytest.raises(_harness.Verdict) as v:
         _harness.run_ranks(lambda *a: None, 2, ())
     assert v.value.mistake == "rank_died" and len(calls) == 1
+
+
+def _wrong(exercise_name, mistake):
+    return next(w for w in WRONG if (w.exercise, w.mistake) == (exercise_name, mistake))
+
+
+def test_the_forward_decides_as_the_hints_say():
+    """torch's contract behind exercise 6's hints (DistributedDataParallel.no_sync, _pre_forward): a backward inside
+    no_sync() after a forward outside it still all-reduces; a backward outside after a forward inside does not."""
+    from ddp_helpers.exercises.accumulation import ACC_MICRO
+
+    outside = EXERCISES["accumulation_step"](_wrong("accumulation_step", "forward_outside_no_sync").fn, quiet=True)
+    assert f"all-reduced {ACC_MICRO} times" in outside.detail  # counted by a comm hook: each backward synced
+    assert "micro-batches 1 and 2 ran inside" in outside.detail, outside.detail
+    inside = EXERCISES["accumulation_step"](_wrong("accumulation_step", "last_forward_inside").fn, quiet=True)
+    assert inside.mistake == "last_forward_inside" and "the backward of micro-batch 3 ran outside" in inside.detail
+
+
+def test_a_forward_outside_no_sync_is_not_called_a_missing_no_sync():
+    """The two mistakes give the same symptom (one all-reduce per micro-batch) and different hints."""
+    without = EXERCISES["accumulation_step"](_wrong("accumulation_step", "no_no_sync").fn, quiet=True)
+    misplaced = EXERCISES["accumulation_step"](_wrong("accumulation_step", "forward_outside_no_sync").fn, quiet=True)
+    assert without.mistake == "no_no_sync" and "forward decides" not in without.detail
+    assert misplaced.mistake == "forward_outside_no_sync" and "forward decides" in misplaced.detail
+    assert "The forward pass should be included inside the context manager" in misplaced.detail
+
+
+@pytest.mark.parametrize("exercise_name", ["global_mean", "average_gradients"])
+def test_an_allreduce_of_a_copy_is_not_called_a_missing_allreduce(exercise_name):
+    """Unchanged values after an all_reduce of a copy: the hint says a copy was reduced, not "call all_reduce"."""
+    missing = EXERCISES[exercise_name](_wrong(exercise_name, "no_allreduce").fn, quiet=True)
+    copy = EXERCISES[exercise_name](_wrong(exercise_name, "reduced_copy").fn, quiet=True)
+    assert missing.mistake == "no_allreduce" and "no all_reduce was called" in missing.detail
+    assert copy.mistake == "reduced_copy" and "you all-reduced a copy of" in copy.detail
+    assert "no all_reduce was called" not in copy.detail
+
+
+def test_divided_twice_names_the_operation_used():
+    avg = EXERCISES["global_mean"](_wrong("global_mean", "divided_twice").fn, quiet=True)  # AVG, then / world size
+    assert "ReduceOp.AVG already divides, and you divided again" in avg.detail
+
+    def divide_before_and_after(model):
+        for p in model.parameters():
+            p.grad /= dist.get_world_size()
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+    twice = EXERCISES["average_gradients"](divide_before_and_after, quiet=True)
+    assert twice.mistake == "divided_twice" and "ReduceOp.SUM adds" in twice.detail
+
+
+def test_a_partly_averaged_model_says_what_happened_to_each_parameter():
+    def bias_not_divided(model):
+        weight, bias = model.parameters()
+        dist.all_reduce(weight.grad)
+        dist.all_reduce(bias.grad)
+        weight.grad /= dist.get_world_size()
+
+    result = EXERCISES["average_gradients"](bias_not_divided, quiet=True)
+    assert result.mistake == "some_params"
+    assert "bias all-reduced but not divided by the world size" in result.detail, result.detail
+    assert "loop over all" not in result.detail  # every parameter was reached: the loop is not the problem
+    forgotten = EXERCISES["average_gradients"](_wrong("average_gradients", "some_params").fn, quiet=True)
+    assert "bias never all-reduced" in forgotten.detail and "loop over all" in forgotten.detail
+
+
+def test_the_story_of_an_accumulation_step_is_read_per_micro_batch():
+    """The event log a rank records, read without launching: micro-batch numbers, where forward and backward ran."""
+    from ddp_helpers.exercises.accumulation import _Story
+
+    events = [("zero_grad", "optimizer"), ("forward", 1, True), ("backward", 1, False), ("forward", 3, False),
+              ("backward", 3, True), ("module_forward", 5), ("backward", 5, True), ("allreduce",), ("step",),
+              ("zero_grad", "optimizer")]
+    s = _Story.read(events)
+    assert s.ddp_sync == {1: True, 2: False} and s.bypassed == [3]
+    assert s.backward_sync == {1: False, 2: True, 3: True}
+    assert s.forward_outside() == [1] and s.forward_inside() == [2]
+    assert s.allreduces == 1 and s.steps == 1 and s.zero_grads == [("optimizer", 0)]  # after the step: not counted

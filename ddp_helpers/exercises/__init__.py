@@ -4,7 +4,8 @@ Each ``check_*`` function takes the learner's function, runs it on 2 (sometimes 
 line (PASS, NOT DONE YET, or TRY AGAIN with a hint) and returns a :class:`CheckResult`. Hints come in two tiers:
 an exercise's first failed check prints a nudge, the next ones the specific mistake (``reset_hints`` starts
 over). ``world_size=`` runs a check on another number of ranks (the graded hidden tests do). One module per
-exercise holds its check; ``_harness`` holds what they share (running the ranks, judging their reports).
+exercise holds its check; ``_harness`` holds what they share (running the ranks, judging their reports),
+``_watch`` the recorders of what the learner's code did inside a rank, ``_compare`` the comparisons.
 """
 from __future__ import annotations
 

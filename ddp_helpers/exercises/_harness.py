@@ -14,7 +14,6 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from ..engine.config import ConfigError
@@ -378,25 +377,3 @@ def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Ca
                                                "dist.get_world_size(), not a fixed 2.")
         raise verdict
     return sizes
-
-
-# ------------------------------------------------------------------------------------------------- comparisons
-def fmt(a: Any) -> str:
-    """Short, rounded, deterministic text for a small array."""
-    arr = np.asarray(a, dtype=np.float64).ravel()
-    return "[" + ", ".join(f"{x:.4g}" for x in arr[:6]) + (", ..." if arr.size > 6 else "") + "]"
-
-
-def close(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-7) -> bool:
-    """Same shape and element-wise equal up to float32 rounding."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=atol))
-
-
-def rel_close(a: Any, b: Any, tol: float = 2e-3) -> bool:
-    """Equal up to float32 rounding amplified by a subtraction: relative error of the whole vector."""
-    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
-    if a.shape != b.shape:
-        return False
-    scale = max(np.linalg.norm(b), 1e-12)
-    return bool(np.linalg.norm(a - b) / scale < tol)

@@ -23,6 +23,7 @@ NUDGES = {
     "not_shuffled": "every epoch has the same, unshuffled order.",
     "no_set_epoch": "the order of the samples does not change from one epoch to the next: what does the sampler "
                     "need to be told at the start of each epoch?",
+    "epochs_differ": "the ranks' shuffles don't fit together: what does each rank tell its sampler?",
     "overlap": "the ranks' samples overlap, or some samples are missing.",
     "nondeterministic": "the same epoch gave two different orders: who does the shuffling?",
     "shuffle_and_sampler": "the DataLoader refused your arguments: which of them do the same job twice?",
@@ -85,15 +86,31 @@ def _check_samplers(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]
 
 def _check_epochs(infos: List[Dict[str, Any]], seen: Dict[str, List[List[int]]]) -> None:
     """Raise the verdict for the first problem across epochs: no reshuffle, overlapping shards, no determinism."""
-    if any(info["e1"]["epoch"] != 1 for info in infos) or all(a == b for a, b in zip(seen["e0"], seen["e1"])):
-        raise fail("no_set_epoch", "epoch 1 repeats epoch 0's order: call sampler.set_epoch(epoch) before "
-                                   "iterating (DistributedSampler reshuffles only when told the epoch).")
+    for k in ("e0", "e1"):
+        told = [info[k]["epoch"] for info in infos]
+        if len(set(told)) > 1:  # before the order checks: differently told ranks also overlap
+            raise fail("epochs_differ", f"asked for epoch {k[1]}, the ranks told their samplers different epochs "
+                                        f"({', '.join(f'rank {r}: {e}' for r, e in enumerate(told))}), so each "
+                                        "shuffled differently and their shards overlap: tell every rank's "
+                                        "sampler the same epoch, the one your function was given.")
+    if all(info["e1"]["epoch"] == info["e0"]["epoch"] for info in infos) or all(
+            a == b for a, b in zip(seen["e0"], seen["e1"])):
+        said = infos[0]["e1"]["epoch"]
+        raise fail("no_set_epoch", f"epoch 1 repeats epoch 0's order: the sampler's epoch was {said} both times. "
+                                   "Call sampler.set_epoch(epoch) before iterating (DistributedSampler reshuffles "
+                                   "only when told the epoch).")
     for k in ("e0", "e1"):
         flat = [i for s in seen[k] for i in s]
         if len(set(flat)) != len(flat) or set(flat) != set(range(LOADER_N)):
-            raise fail("overlap", f"in epoch {k[1]} the ranks' samples overlap or miss some: pass rank=rank and "
-                                  "num_replicas=world_size to DistributedSampler.")
+            raise fail("overlap", f"in epoch {k[1]} the ranks' samples overlap or miss some, although every "
+                                  "rank's DistributedSampler has the right rank, num_replicas, seed and epoch: "
+                                  "the DataLoader must draw its samples from that sampler alone.")
     if seen["e0_again"] != seen["e0"]:
+        seeds = [infos[0][k]["seed"] for k in ("e0", "e0_again")]
+        if seeds[0] != seeds[1]:
+            raise fail("nondeterministic", f"asking for epoch 0 twice gave two different orders: your sampler's "
+                                           f"seed changed between the calls ({seeds[0]}, then {seeds[1]}). Give "
+                                           "it a fixed seed (the default 0 is fine).")
         raise fail("nondeterministic", "asking for epoch 0 twice gave two different orders: let the "
                                        "DistributedSampler shuffle (seeded), not the DataLoader.")
 

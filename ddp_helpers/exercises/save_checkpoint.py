@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..engine.model import build_model
-from ._harness import call_student, exercise, fail, run_ranks, student_outcomes, swap_globals
+from ._harness import Verdict, call_student, exercise, fail, run_ranks, student_outcomes, swap_globals
 from ._reference import GRAD_BATCH, rank_batch, reference_model
 
 STEP = 5  # the step number the learner's function is given and must save
@@ -23,6 +23,7 @@ NUDGES = {
     "not_rank0": "a rank other than the usual one wrote the checkpoint.",
     "no_file": "there is no checkpoint at `path` after your function.",
     "not_atomic": "think about a crash in the middle of writing: what would be left at `path`?",
+    "copied_not_moved": "think about a crash in the middle of putting the file at `path`.",
     "temp_left": "something else is left in the checkpoint's folder.",
     "not_weights_only": "the file can't be loaded safely: what kinds of objects did you save?",
     "format": "the saved dictionary is not quite what the exercise asks for.",
@@ -76,17 +77,36 @@ def _check_writing(outs: Sequence[Dict[str, Any]], folder: str, path: str) -> No
                                             "several writers race on the same file.")
         raise fail("not_rank0", f"rank {others[0]} wrote the checkpoint: let rank 0 do it "
                                 "(`if dist.get_rank() == 0:`).")
-    if not os.path.exists(path):
-        raise fail("no_file", "there is no file at `path` after your function: save with torch.save(..., tmp) "
-                              "on rank 0, then os.replace(tmp, path).")
     target = os.path.abspath(path)
-    if target in outs[0]["saves"] or not any(dst == target for _, dst in outs[0]["moves"]):
+    saves, moves = outs[0]["saves"], outs[0]["moves"]
+    if not os.path.exists(path):
+        raise _no_file(saves, moves)
+    if target in saves or (not moves and "<file object>" in saves):
         raise fail("not_atomic", "rank 0 wrote straight to the final path: a crash mid-write leaves a broken "
                                  "checkpoint. Save to a temporary file next to it, then os.replace(tmp, path).")
+    if not any(dst == target for _, dst in moves):
+        named = next((os.path.basename(s) for s in saves if s != "<file object>"), "a temporary file")
+        raise fail("copied_not_moved", f"rank 0 saved {named} and then copied it to `path`: a copy writes `path` "
+                                       "piece by piece, so a crash during it leaves a broken checkpoint. Move the "
+                                       "file into place with os.replace(tmp, path), which is atomic.")
     leftovers = sorted(set(os.listdir(folder)) - {FILE_NAME})
     if leftovers:
-        raise fail("temp_left", f"{len(leftovers)} extra file(s) left next to the checkpoint: move the temporary "
-                                "file into place with os.replace(tmp, path) instead of copying it.")
+        raise fail("temp_left", f"{len(leftovers)} extra file(s) left next to the checkpoint "
+                                f"({', '.join(leftovers[:3])}): write one temporary file and move that one into "
+                                "place; remove anything else you write there.")
+
+
+def _no_file(saves: Sequence[str], moves: Sequence[Tuple[str, str]]) -> Verdict:
+    """The verdict for no file at `path`: rank 0 saved nothing, or saved and never moved it there."""
+    if not saves:
+        return fail("no_file", "there is no file at `path` after your function, and rank 0 never called "
+                               "torch.save: save with torch.save(..., tmp) on rank 0, then os.replace(tmp, path).")
+    named = os.path.basename(saves[0]) if saves[0] != "<file object>" else "an open file"
+    if moves:
+        return fail("no_file", f"there is no file at `path` after your function: rank 0 saved {named} and moved it "
+                               f"to {os.path.basename(moves[-1][1])}, not to `path`.")
+    return fail("no_file", f"there is no file at `path` after your function: rank 0 saved {named} but never moved "
+                           "it to `path` (os.replace(tmp, path) does, atomically).")
 
 
 def _load(path: str) -> Any:

@@ -1,12 +1,13 @@
 """Exercise 3, shard_indices(n, rank, world_size, epoch, seed): disjoint, covering, equal shards, reshuffled."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from ._harness import call_cases, exercise, fail, run_ranks, student_outcomes
+from ._harness import Verdict, call_cases, exercise, fail, run_ranks, student_outcomes
+from ._watch import record_seeds
 
 SHARD_SEED = 7
 WORLD_SIZE = 2
@@ -18,6 +19,8 @@ NUDGES = {
                        "batches first?",
     "overlap": "some samples are on two ranks: can the ranks split one order between them if each shuffles "
                "differently?",
+    "overlapping_slices": "some samples are on two ranks, although every rank shuffled the same way: how did "
+                          "each rank pick its part?",
     "not_covering": "some samples are on no rank at all.",
     "not_shuffled": "the indices come out in a fixed order.",
     "nondeterministic": "the same arguments gave two different answers: where does your randomness come from?",
@@ -36,15 +39,53 @@ def _indices(value: Any) -> Dict[str, Any]:
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
-    """In each rank: the learner's indices for each case (stopping at the first failing call)."""
+    """In each rank: the learner's indices for each case (stopping at the first failing call), and per case the
+    seeds its code gave torch's generators."""
     cases = {"n12_e0": (12, 0, SHARD_SEED), "n12_e1": (12, 1, SHARD_SEED), "n12_e0_again": (12, 0, SHARD_SEED),
              "n12_seed": (12, 0, SHARD_SEED + 100), "n11_e0": (11, 0, SHARD_SEED)}  # (n, epoch, seed)
     args = {key: (n, rank, world_size, epoch, seed) for key, (n, epoch, seed) in cases.items()}
-    return call_cases(student_fn, args, _indices)
+    seeds = record_seeds(student_fn)
+    per_case: List[List[Tuple[str, int]]] = []
+
+    def report(value: Any) -> Dict[str, Any]:
+        per_case.append(list(seeds))
+        seeds.clear()
+        return _indices(value)
+
+    out = call_cases(student_fn, args, report)
+    out["seeds"] = dict(zip(args, per_case))
+    return out
 
 
-def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
-    """Raise the verdict for the first problem of one epoch's shards (one list per rank)."""
+def _overlap(n: int, shared: int, seeds: Sequence[Sequence[Tuple[str, int]]]) -> Verdict:
+    """The verdict for shards that overlap: the ranks shuffled differently (their seeds say so), or they cut one
+    shared permutation into overlapping parts."""
+    said = f"n={n}: {shared} indices are on more than one rank"
+    other = next((r for r, s in enumerate(seeds) if list(s) != list(seeds[0])), None)
+    if seeds and all(seeds) and other is not None:
+        return fail("overlap", f"{said}. Rank 0 seeded with {_seeds(seeds[0])}, rank {other} with "
+                               f"{_seeds(seeds[other])}: "
+                               "the ranks shuffled differently, so their shares of their permutations overlap. Use "
+                               "the same seed on every rank (from seed and epoch, not rank), then give each rank "
+                               "its own share of that one permutation.")
+    if seeds and all(seeds):
+        return fail("overlapping_slices", f"{said}. Every rank seeded its generator with {_seeds(seeds[0])}, so "
+                                          "they all hold the same permutation, but the parts they took from it "
+                                          "overlap: give each rank a part of its own (no position of the padded "
+                                          "permutation in two ranks' parts).")
+    return fail("overlap", f"{said}. Shuffle with the same seed on every rank (from seed and epoch, not rank), "
+                           "then give each rank its own share of that one permutation.")
+
+
+def _seeds(seeds: Sequence[Tuple[str, int]]) -> str:
+    """'1007' or '1007, 3' for the seeds one call gave torch's generators."""
+    return ", ".join(str(s) for _, s in seeds)
+
+
+def _check_split(shards: List[List[int]], n: int, world_size: int,
+                 seeds: Sequence[Sequence[Tuple[str, int]]] = ()) -> None:
+    """Raise the verdict for the first problem of one epoch's shards (one list per rank; seeds: each rank's
+    recorded seeds for that call, or none)."""
     for r, s in enumerate(shards):
         bad = [i for i in s if not 0 <= i < n]
         if bad:
@@ -61,9 +102,7 @@ def _check_split(shards: List[List[int]], n: int, world_size: int) -> None:
     counts = np.bincount([i for s in shards for i in s], minlength=n)
     repeats = int((counts - 1).clip(min=0).sum())  # padding allows per_rank * world_size - n of them
     if repeats > max(per_rank * world_size - n, 0):
-        raise fail("overlap", f"n={n}: {int((counts > 1).sum())} indices are on more than one rank. Shuffle with "
-                              "the same seed on every rank (from seed and epoch, not rank), then give each rank "
-                              "its own share of that one permutation.")
+        raise _overlap(n, int((counts > 1).sum()), seeds)
     missing = sorted(set(range(n)) - {i for s in shards for i in s})
     if missing:
         raise fail("not_covering", f"n={n}: indices {missing[:5]} are never used by any rank: every sample must "
@@ -79,8 +118,8 @@ def check_shard_indices(student_fn: Callable, world_size: Optional[int] = None) 
     world_size = world_size or WORLD_SIZE
     outs = run_ranks(_in_rank, world_size, (student_fn,))
     student_outcomes(outs)
-    ranks = [{k: v["value"] for k, v in o.items() if k != "call"} for o in outs]
-    _check_split([r["n12_e0"] for r in ranks], 12, world_size)
+    ranks = [{k: v["value"] for k, v in o.items() if k not in ("call", "seeds")} for o in outs]
+    _check_split([r["n12_e0"] for r in ranks], 12, world_size, [o["seeds"]["n12_e0"] for o in outs])
     if all(r["n12_e0"] == sorted(r["n12_e0"]) for r in ranks):
         raise fail("not_shuffled", "each rank's indices come in increasing order: shuffle them, with a "
                                    "torch.Generator seeded with seed + epoch.")
@@ -88,13 +127,13 @@ def check_shard_indices(student_fn: Callable, world_size: Optional[int] = None) 
         raise fail("nondeterministic", "the same (n, rank, epoch, seed) gave a different order the second time, "
                                        "so the ranks can't agree on one permutation: use a torch.Generator seeded "
                                        "with seed + epoch, not the global random state.")
-    _check_split([r["n12_e1"] for r in ranks], 12, world_size)
+    _check_split([r["n12_e1"] for r in ranks], 12, world_size, [o["seeds"]["n12_e1"] for o in outs])
     if all(r["n12_e1"] == r["n12_e0"] for r in ranks):
         raise fail("same_every_epoch", "epoch 1 repeats epoch 0's order: mix the epoch into the generator's seed "
                                        "(that is what sampler.set_epoch(epoch) does).")
     if all(r["n12_seed"] == r["n12_e0"] for r in ranks):
         raise fail("seed_ignored", "a different seed gave the same order: seed the generator with seed + epoch.")
-    _check_split([r["n11_e0"] for r in ranks], 11, world_size)
+    _check_split([r["n11_e0"] for r in ranks], 11, world_size, [o["seeds"]["n11_e0"] for o in outs])
     per_rank = -(-11 // world_size)
     return (f"disjoint shards of equal length that cover the data set (11 samples on {world_size} ranks: "
             f"{per_rank} each, {per_rank * world_size - 11} repeated), reshuffled every epoch and reproducible "

@@ -1,0 +1,146 @@
+"""Recorders for inside a rank: what the learner's code did (its all_reduces, DDP forwards and backwards, seeds).
+
+A hint must name the mistake made, not the first symptom of it: an unchanged gradient comes from no all_reduce
+at all, or from an all_reduce of a copy; an all-reduce per micro-batch from no no_sync() at all, or from a
+forward run outside it. The checks record what happened here and judge the records in the parent. Every patch
+is made inside a rank's own process, so it never reaches the notebook's kernel.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ._harness import swap_globals
+
+Classify = Callable[[torch.Tensor], Tuple[str, Optional[int]]]
+
+
+def storage_of(t: torch.Tensor) -> int:
+    """The address of t's storage: the same for a tensor and its views (p.grad.data, p.grad.view(-1))."""
+    return t.untyped_storage().data_ptr()
+
+
+def _op_name(op: Any) -> str:
+    """'SUM', 'AVG', 'MAX', ... for a ReduceOp."""
+    return str(getattr(op, "name", None) or op).split(".")[-1]
+
+
+class _WatchedWork:
+    """What an all_reduce(async_op=True) hands the learner: the real Work, noting whether it was waited for."""
+
+    def __init__(self, work: Any, record: Dict[str, Any]):
+        self._work, self._record = work, record
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._record["waited"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self) -> Any:
+        self._record["waited"] = True  # the learner waits on the future (wait(), then(), wait_all)
+        return self._work.get_future()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def watch_all_reduce(student_fn: Callable, classify: Classify) -> Iterator[List[Dict[str, Any]]]:
+    """While inside: every dist.all_reduce is recorded (what classify calls its tensor, op, async, waited)."""
+    real = dist.all_reduce
+    signature = inspect.signature(real)
+    records: List[Dict[str, Any]] = []
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        a = signature.bind(*args, **kwargs).arguments
+        kind, index = classify(a["tensor"])
+        record = {"tensor": kind, "index": index, "op": _op_name(a.get("op", dist.ReduceOp.SUM)),
+                  "async": bool(a.get("async_op", False)), "waited": False}
+        records.append(record)
+        work = real(*args, **kwargs)
+        return _WatchedWork(work, record) if record["async"] and work is not None else work
+
+    dist.all_reduce = watched
+    swap_globals(student_fn, real, watched)  # `from torch.distributed import all_reduce` too
+    try:
+        yield records
+    finally:
+        dist.all_reduce = real
+
+
+def unwaited(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The async all_reduces the learner never waited for."""
+    return [r for r in records if r["async"] and not r["waited"]]
+
+
+# ------------------------------------------------------------------------------------------------ DDP events
+def record_ddp_events(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer) -> List[Tuple[Any, ...]]:
+    """A log, filled while the learner's step runs, of what decides DDP's communication.
+
+    ("forward", i, sync): forward i through DDP, sync = require_backward_grad_sync then (False inside no_sync);
+    ("module_forward", i): forward i through ddp.module, around DDP; ("backward", i, sync): the backward
+    reached forward i's output, sync = the flag at that moment (False: backward() called inside no_sync);
+    ("zero_grad", who) and ("step",). The caller adds ("allreduce",) from its comm hook.
+    """
+    events: List[Tuple[Any, ...]] = []
+    depth = [0]  # > 0 while DDP's own forward runs (it calls the inner module's forward)
+    model = ddp.module
+
+    def backward_of(i: int) -> Callable[[torch.Tensor], None]:
+        return lambda grad: events.append(("backward", i, bool(ddp.require_backward_grad_sync)))
+
+    def watch_output(out: Any, i: int) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(backward_of(i))
+
+    def ddp_pre(module: Any, args: Any) -> None:
+        depth[0] += 1
+        events.append(("forward", len(events), bool(ddp.require_backward_grad_sync)))
+
+    def ddp_post(module: Any, args: Any, out: Any) -> None:
+        depth[0] -= 1
+        watch_output(out, next(e[1] for e in reversed(events) if e[0] == "forward"))
+
+    def module_post(module: Any, args: Any, out: Any) -> None:
+        if depth[0] == 0:  # the learner called ddp.module(x): DDP never saw this forward
+            i = len(events)
+            events.append(("module_forward", i))
+            watch_output(out, i)
+
+    ddp.register_forward_pre_hook(ddp_pre)
+    ddp.register_forward_hook(ddp_post)
+    model.register_forward_hook(module_post)
+    for who, obj in (("optimizer", optimizer), ("ddp_model", ddp), ("ddp_model.module", model)):
+        real = obj.zero_grad
+
+        def zero_grad(*args: Any, _real: Callable = real, _who: str = who, **kwargs: Any) -> Any:
+            events.append(("zero_grad", _who))
+            return _real(*args, **kwargs)
+
+        obj.zero_grad = zero_grad  # an instance attribute: only this rank's objects
+    optimizer.register_step_post_hook(lambda *_: events.append(("step",)))
+    return events
+
+
+# ------------------------------------------------------------------------------------------------------ seeds
+def record_seeds(student_fn: Callable) -> List[Tuple[str, int]]:
+    """From now on in this rank, every torch.Generator(...).manual_seed(s) and torch.manual_seed(s) is logged."""
+    seeds: List[Tuple[str, int]] = []
+    real_generator, real_manual_seed = torch.Generator, torch.manual_seed
+
+    class Generator(real_generator):  # type: ignore[misc, valid-type]
+        def manual_seed(self, seed: int) -> "Generator":
+            seeds.append(("generator", int(seed)))
+            return super().manual_seed(seed)
+
+    def manual_seed(seed: int) -> Any:
+        seeds.append(("global", int(seed)))
+        return real_manual_seed(seed)
+
+    torch.Generator, torch.manual_seed = Generator, manual_seed  # a forked rank: never undone, never seen outside
+    swap_globals(student_fn, real_generator, Generator)
+    swap_globals(student_fn, real_manual_seed, manual_seed)
+    return seeds

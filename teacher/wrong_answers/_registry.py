@@ -1,0 +1,29 @@
+"""The registry of typical wrong answers: each labelled with its exercise, mistake code and a piece of its hint."""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Callable, List
+
+T = datetime.timedelta(seconds=20)  # the process-group timeout of wrong answers that set one
+
+
+@dataclass(frozen=True)
+class WrongAnswer:
+    """A wrong answer: which exercise, the mistake code its check must report, and a piece of the hint text."""
+
+    exercise: str
+    mistake: str
+    hint: str  # must appear in the printed hint
+    fn: Callable
+
+
+WRONG: List[WrongAnswer] = []
+
+
+def wrong(exercise: str, mistake: str, hint: str) -> Callable[[Callable], Callable]:
+    """Register fn as a typical wrong answer."""
+    def deco(fn: Callable) -> Callable:
+        WRONG.append(WrongAnswer(exercise, mistake, hint, fn))
+        return fn
+    return deco
