@@ -27,7 +27,7 @@ class TrainConfig:
 
     world_size: int = 2  # processes (ranks) to start; the listing uses one per GPU, here 2 by default
     backend: str = "auto"  # "auto": nccl when CUDA has >= world_size GPUs, else gloo on CPU
-    dataset: str = "mnist"  # "mnist" falls back to the offline "mnist-5k" when it can't be downloaded
+    dataset: str = "mnist"  # offline, "mnist" falls back to "mnist-5k", but only at the default data_root
     data_root: str = "~/.pytorch/MNIST_data/"  # the listing's path; torchvision's layout under it
     batch_size: int = 64  # per rank, so the global batch is batch_size * world_size
     lr: float = 0.01  # SGD learning rate, as in the listing
