@@ -62,17 +62,29 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def write_outputs(result, out: str, plots: bool = True) -> List[str]:
-    """Save result.json and the plots; return the paths written."""
-    os.makedirs(out, exist_ok=True)
-    paths = [result.save(os.path.join(out, "result.json"))]
-    if plots:
-        from .lesson import plots as P
+    """Save result.json and the plots; return the paths written.
 
-        for name, fig in (("loss.png", P.plot_losses(result, smooth=10)), ("grad_norms.png", P.plot_grad_norms(result)),
-                          ("fingerprints.png", P.plot_fingerprints(result))):
-            path = os.path.join(out, name)
-            fig.savefig(path, dpi=150)  # the figures are drawn for >= 150 dpi
-            paths.append(path)
+    Raises OutputError (one line) if a file can't be written; result.json is then kept in the temp dir.
+    """
+    from .engine.fileio import atomic_write
+    from .outputs import OutputError, failure_message
+
+    paths: List[str] = []
+    path = os.path.join(out, "result.json")
+    try:
+        os.makedirs(out, exist_ok=True)
+        paths.append(result.save(path))
+        if plots:
+            from .lesson import plots as P
+
+            for name, draw in (("loss.png", lambda: P.plot_losses(result, smooth=10)),
+                               ("grad_norms.png", lambda: P.plot_grad_norms(result)),
+                               ("fingerprints.png", lambda: P.plot_fingerprints(result))):
+                path, fig = os.path.join(out, name), draw()
+                # the figures are drawn for >= 150 dpi; atomically, so a full disk leaves no broken PNG
+                paths.append(atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=150, format="png")))
+    except OSError as e:  # a full disk, a folder removed or made read-only during training (PIL's too)
+        raise OutputError(failure_message(result, out, paths, path, e)) from None
     return paths
 
 
@@ -146,13 +158,16 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
         dist.destroy_process_group()
 
 
-def _check_out(out: str) -> None:
-    """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc)."""
+def _check_out(out: str, cfg: TrainConfig, plots: bool) -> None:
+    """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc, full)."""
     from .engine.config import ConfigError
     from .engine.fileio import probe_output_dir
+    from .outputs import check_room
 
+    if _under_torchrun():  # torchrun's --nproc-per-node x --nnodes decides how many ranks' records are written
+        cfg = cfg.replace(world_size=int(os.environ["WORLD_SIZE"]))
     try:
-        probe_output_dir("--out", out)
+        check_room(probe_output_dir("--out", out), cfg, plots)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -160,14 +175,16 @@ def _check_out(out: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
     args = build_parser().parse_args(argv)
+    from .cli_words import as_flags
     from .engine.config import ConfigError
     from .data import DataError
+    from .outputs import OutputError, failure_message
     from .ranks.launcher import LaunchError, RankFailedError
 
     try:
         cfg = config_from_args(args)
         if not _under_torchrun() or os.environ["RANK"] == "0":  # the process that will write the results
-            _check_out(args.out)  # before anything trains: a run whose results can't be written is refused now
+            _check_out(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
         if _under_torchrun():
             result = run_torchrun(cfg, args.out, not args.no_plots)
             if result is None:
@@ -181,13 +198,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             result = run_training(cfg, start_method=args.start_method)
             write_outputs(result, args.out, not args.no_plots)
     except (ConfigError, DataError, LaunchError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)  # in the words of the command line: its flags
         return 2
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except RankFailedError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial_result is not None:
-            path = e.partial_result.save(os.path.join(args.out, "partial_result.json"))
-            print(f"metrics collected before the failure: {path}", file=sys.stderr)
+            path = os.path.join(args.out, "partial_result.json")
+            try:
+                print(f"metrics collected before the failure: {e.partial_result.save(path)}", file=sys.stderr)
+            except OSError as err:
+                print(f"error: {failure_message(e.partial_result, args.out, [], path, err, 'partial_result.json')}",
+                      file=sys.stderr)
         return 1
     print(result.summary())
     print(f"wall {result.wall_time_s:.2f} s, start-up {result.startup_s:.2f} s, training loop {result.loop_time_s:.2f} s "

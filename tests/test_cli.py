@@ -75,8 +75,8 @@ FIELD_WORDS = re.compile(r"TrainConfig|\b[a-z]+(?:_[a-z]+)*=")  # a field (resum
     (["--backend", "mpi"], "error: --backend mpi is not accepted: one of"),
     (["--resume-from", "{tmp}/nope.pt"], "error: --resume-from {tmp}/nope.pt is not accepted: an existing checkpoint "
                                          "file (ckpt-*.pt written by a run); '{tmp}/nope.pt' doesn't exist"),
-    (["--resume-from", "{tmp}"], "error: --resume-from {tmp} is not accepted: it is a directory, not a checkpoint file; "
-                                 "give one of its ckpt-*.pt files, e.g. the latest '{tmp}/ckpt-0000012.pt'"),
+    (["--resume-from", "{tmp}"], "error: --resume-from {tmp} is not accepted: it is a directory, not a checkpoint "
+                                 "file; give one of its ckpt-*.pt files, e.g. the latest '{tmp}/ckpt-0000012.pt'"),
     (["--resume-from", "{tmp}/ckpt-0000012.pt", "--max-steps", "12"],
      "error: --resume-from {tmp}/ckpt-0000012.pt is not accepted with --max-steps 12, --epochs 1: the checkpoint is "
      "at step 12"),
@@ -89,11 +89,12 @@ def test_cli_errors_name_flags_not_fields(flags, expected, tmp_path, capsys):
     from ddp_helpers.engine.model import build_model
     from ddp_helpers.train import main
 
+    import torch
+
     model = build_model(0)
-    save_checkpoint(str(tmp_path), 12, model.state_dict(), {"state": {}, "param_groups": [
-        {"params": [0, 1], "lr": 0.01, "momentum": 0.0, "dampening": 0, "weight_decay": 0, "nesterov": False,
-         "maximize": False, "foreach": None, "differentiable": False, "fused": None}]},
-        {"dataset": "mnist-5k", "world_size": 2, "batch_size": 64, "seed": 0})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    save_checkpoint(str(tmp_path), 12, model.state_dict(), optimizer.state_dict(),
+                    {"dataset": "mnist-5k", "world_size": 2, "batch_size": 64, "seed": 0})
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     assert main(["--dataset", "mnist-5k", *flags, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -113,7 +114,8 @@ def test_cli_errors_name_flags_in_a_real_process(tmp_path):
      "--resume-from '/a b/c.pt' is not accepted: x; or leave out --resume-from to start over"),
     ("TrainConfig.x=1 and world_size<=2, with max_steps=None; set max_steps above 5",
      "TrainConfig.x=1 and --world-size<=2, with no --max-steps; set --max-steps above 5"),
-    ("TrainConfig.bind_cores=None is not accepted; bind_cores=True", "--bind-cores auto is not accepted; --bind-cores true"),
+    ("TrainConfig.bind_cores=None is not accepted; bind_cores=True",
+     "--bind-cores auto is not accepted; --bind-cores true"),
     ("TrainConfig.capture_grad_steps=(0, -1) is not accepted", "--capture-grad-steps 0 -1 is not accepted"),
     ("or use the offline data: dataset='mnist-5k'; set dataset='mnist-5k'; backend='gloo'",
      "or use the offline data: --dataset mnist-5k; use --dataset mnist-5k; --backend gloo"),
