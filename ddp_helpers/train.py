@@ -64,7 +64,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def write_outputs(result, out: str, plots: bool = True) -> List[str]:
     """Save result.json and the plots; return the paths written.
 
-    Raises OutputError (one line) if a file can't be written; result.json is then kept in the temp dir.
+    Raises OutputError (one line) if a file can't be written, saying where the result is: in out, or, where
+    result.json itself failed, in a new folder of the temp dir.
     """
     from .engine.fileio import atomic_write
     from .outputs import OutputError, failure_message
