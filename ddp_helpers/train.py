@@ -61,29 +61,54 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def write_outputs(result, out: str, plots: bool = True) -> List[str]:
-    """Save result.json and the plots; return the paths written."""
-    os.makedirs(out, exist_ok=True)
-    paths = [result.save(os.path.join(out, "result.json"))]
-    if plots:
-        from .lesson import plots as P
+    """Save result.json and the plots; return the paths written.
 
-        for name, fig in (("loss.png", P.plot_losses(result, smooth=10)), ("grad_norms.png", P.plot_grad_norms(result)),
-                          ("fingerprints.png", P.plot_fingerprints(result))):
-            path = os.path.join(out, name)
-            fig.savefig(path, dpi=150)  # the figures are drawn for >= 150 dpi
-            paths.append(path)
+    Raises OutputError (one line) if a file can't be written, saying where the result is: in out, or, where
+    result.json itself failed, in a new folder of the temp dir.
+    """
+    from .engine.fileio import atomic_write
+    from .outputs import OutputError, failure_message
+
+    paths: List[str] = []
+    path = os.path.join(out, "result.json")
+    try:
+        os.makedirs(out, exist_ok=True)
+        paths.append(result.save(path))
+        if plots:
+            from .lesson import plots as P
+
+            for name, draw in (("loss.png", lambda: P.plot_losses(result, smooth=10)),
+                               ("grad_norms.png", lambda: P.plot_grad_norms(result)),
+                               ("fingerprints.png", lambda: P.plot_fingerprints(result))):
+                path, fig = os.path.join(out, name), draw()
+                # the figures are drawn for >= 150 dpi; atomically, so a full disk leaves no broken PNG
+                paths.append(atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=150, format="png")))
+    except OSError as e:  # a full disk, a folder removed or made read-only during training (PIL's too)
+        raise OutputError(failure_message(result, out, paths, path, e)) from None
     return paths
 
 
 def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int):
-    """One process per node reads (or downloads) the data first; the others then read the files it wrote."""
+    """One process per node reads (or downloads) the data first; the others then read the files it wrote.
+
+    What went wrong on any node reaches every rank (all_gather_object is also the barrier), so all of them stop
+    with the same DataError instead of the peers dying of a closed connection.
+    """
     import torch.distributed as dist
 
-    from .data import load_data
+    from .data import DataError, load_data
 
+    data, error = None, None
     if local_rank == 0:
-        data = load_data(cfg, quiet=rank != 0)
-    dist.barrier()
+        try:
+            data = load_data(cfg, quiet=rank != 0)
+        except DataError as e:
+            error = str(e)
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise DataError(first)
     return data if local_rank == 0 else load_data(cfg, quiet=True)
 
 
@@ -145,13 +170,17 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
                     threads, cfg.bind_cores)
 
 
-def _check_out(out: str) -> None:
-    """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc)."""
+def _check_out(out: str, cfg: TrainConfig, plots: bool) -> None:
+    """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc, full)."""
     from .engine.config import ConfigError
     from .engine.fileio import probe_output_dir
+    from .outputs import check_room
+    from .ranks.env import under_torchrun
 
+    if under_torchrun():  # torchrun's --nproc-per-node x --nnodes decides how many ranks' records are written
+        cfg = cfg.replace(world_size=int(os.environ["WORLD_SIZE"]))
     try:
-        probe_output_dir("--out", out)
+        check_room(probe_output_dir("--out", out), cfg, plots)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -159,8 +188,10 @@ def _check_out(out: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
     args = build_parser().parse_args(argv)
+    from .cli_words import as_flags
     from .engine.config import ConfigError
     from .data import DataError
+    from .outputs import OutputError, failure_message
     from .ranks.env import under_torchrun
     from .ranks.launcher import LaunchError, RankFailedError
 
@@ -168,7 +199,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = config_from_args(args)
         torchrun = under_torchrun()
         if not torchrun or os.environ["RANK"] == "0":  # the process that will write the results
-            _check_out(args.out)  # before anything trains: a run whose results can't be written is refused now
+            _check_out(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
         if torchrun:
             from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -185,13 +216,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             result = run_training(cfg, start_method=args.start_method)
             write_outputs(result, args.out, not args.no_plots)
     except (ConfigError, DataError, LaunchError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)  # in the words of the command line: its flags
         return 2
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except RankFailedError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial_result is not None:
-            path = e.partial_result.save(os.path.join(args.out, "partial_result.json"))
-            print(f"metrics collected before the failure: {path}", file=sys.stderr)
+            path = os.path.join(args.out, "partial_result.json")
+            try:
+                print(f"metrics collected before the failure: {e.partial_result.save(path)}", file=sys.stderr)
+            except OSError as err:
+                print(f"error: {failure_message(e.partial_result, args.out, [], path, err, 'partial_result.json')}",
+                      file=sys.stderr)
         return 1
     print(result.summary())
     print(f"wall {result.wall_time_s:.2f} s, start-up {result.startup_s:.2f} s, training loop {result.loop_time_s:.2f} s "

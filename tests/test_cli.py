@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,7 +63,70 @@ def test_cli_end_to_end(tmp_path, small_run):
 def test_cli_bad_flag_value_is_a_clear_error(tmp_path):
     p = _cli(["--batch-size", "0", "--out", str(tmp_path / "x")], tmp_path)
     assert p.returncode == 2
-    assert "TrainConfig.batch_size=0" in p.stderr and "Traceback" not in p.stderr
+    assert p.stderr.startswith("error: --batch-size 0 is not accepted: ") and "Traceback" not in p.stderr, p.stderr
+
+
+# ------------------------------------------------------------------ errors in the words of the command line
+FIELD_WORDS = re.compile(r"TrainConfig|\b[a-z]+(?:_[a-z]+)*=")  # a field (resume_from=None) instead of a flag
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--checkpoint-every", "5"], "error: --checkpoint-every 5 is not accepted: needs --checkpoint-dir set as well"),
+    (["--backend", "mpi"], "error: --backend mpi is not accepted: one of"),
+    (["--resume-from", "{tmp}/nope.pt"], "error: --resume-from {tmp}/nope.pt is not accepted: an existing checkpoint "
+                                         "file (ckpt-*.pt written by a run); '{tmp}/nope.pt' doesn't exist"),
+    (["--resume-from", "{tmp}"], "error: --resume-from {tmp} is not accepted: it is a directory, not a checkpoint "
+                                 "file; give one of its ckpt-*.pt files, e.g. the latest '{tmp}/ckpt-0000012.pt'"),
+    (["--resume-from", "{tmp}/ckpt-0000012.pt", "--max-steps", "12"],
+     "error: --resume-from {tmp}/ckpt-0000012.pt is not accepted with --max-steps 12, --epochs 1: the checkpoint is "
+     "at step 12"),
+    (["--dataset", "fashion-mnist", "--data-root", "{tmp}/fashon"], "error: --data-root {tmp}/fashon is not accepted: "
+                                                                    "the folder {tmp}/fashon doesn't exist"),
+], ids=["needs-another-flag", "choice", "missing-checkpoint", "directory-as-checkpoint", "past-the-end", "data-root"])
+def test_cli_errors_name_flags_not_fields(flags, expected, tmp_path, capsys):
+    """The checks speak TrainConfig (right in a notebook); the CLI says which flag to change, in one place."""
+    from ddp_helpers.engine.checkpoint import save_checkpoint
+    from ddp_helpers.engine.model import build_model
+    from ddp_helpers.train import main
+
+    import torch
+
+    model = build_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    save_checkpoint(str(tmp_path), 12, model.state_dict(), optimizer.state_dict(),
+                    {"dataset": "mnist-5k", "world_size": 2, "batch_size": 64, "seed": 0})
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    assert main(["--dataset", "mnist-5k", *flags, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected.replace("{tmp}", str(tmp_path))), err
+    assert not FIELD_WORDS.search(err) and err.count("\n") == 1, err
+
+
+def test_cli_errors_name_flags_in_a_real_process(tmp_path):
+    p = _cli(["--dataset", "mnist-5k", "--resume-from", str(tmp_path), "--out", str(tmp_path / "o")], tmp_path)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr == (f"error: --resume-from {tmp_path} is not accepted: it is a directory, not a checkpoint file; "
+                        "it holds no ckpt-*.pt: give a checkpoint file that a run with --checkpoint-dir wrote\n")
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("TrainConfig.resume_from='/a b/c.pt' is not accepted: x; or set resume_from=None to start over",
+     "--resume-from '/a b/c.pt' is not accepted: x; or leave out --resume-from to start over"),
+    ("TrainConfig.x=1 and world_size<=2, with max_steps=None; set max_steps above 5",
+     "TrainConfig.x=1 and --world-size<=2, with no --max-steps; set --max-steps above 5"),
+    ("TrainConfig.bind_cores=None is not accepted; bind_cores=True",
+     "--bind-cores auto is not accepted; --bind-cores true"),
+    ("TrainConfig.capture_grad_steps=(0, -1) is not accepted", "--capture-grad-steps 0 -1 is not accepted"),
+    ("or use the offline data: dataset='mnist-5k'; set dataset='mnist-5k'; backend='gloo'",
+     "or use the offline data: --dataset mnist-5k; use --dataset mnist-5k; --backend gloo"),
+    ("files in /tmp/data_root/batch_size and download=True, weights_only=False",
+     "files in /tmp/data_root/batch_size and download=True, weights_only=False"),  # paths and torch's own words stay
+    ("start_method='fork' refused: use start_method='auto'", "--start-method fork refused: use --start-method auto"),
+], ids=["quoted-path-and-unset", "bare-and-none", "optional-bool", "tuple", "verbs", "left-alone", "cli-own-flag"])
+def test_as_flags_translates_fields_to_flags(message, expected):
+    from ddp_helpers.cli_words import as_flags
+
+    assert as_flags(message) == expected
 
 
 def test_cli_failure_keeps_partial_metrics(tmp_path):
@@ -144,3 +208,32 @@ def test_default_threads_follow_the_usable_cores(monkeypatch):
     monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
     monkeypatch.setattr(P, "cpu_quota", lambda: None)
     assert C.default_threads(2) == 3 and C.default_threads(4) == 1 and C.default_threads(8) == 1
+
+
+# ------------------------------------------------------------------ an explicit data root never falls back
+def _mnist_downloadable() -> bool:
+    from torchvision import datasets
+
+    from ddp_helpers.data import sources
+
+    return sources._mirrors_reachable(datasets.MNIST.mirrors)
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_cli_explicit_data_root_without_mnist_is_exit_2(folder, tmp_path):
+    """`--data-root ~/data/MNIST_dta` (a typo, no MNIST there) is an error, not 4,000 other digits and exit 0."""
+    if _mnist_downloadable():
+        pytest.skip("a MNIST mirror is reachable: the folder would be filled by a download")
+    root = tmp_path / "MNIST_dta"
+    if folder == "empty":
+        root.mkdir()
+    env = {**ENV, "TMPDIR": str(tmp_path)}  # the ranks' log folders would appear here if any rank started
+    p = subprocess.run([sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist", "--data-root", str(root),
+                        "--max-steps", "5", "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.startswith(f"error: --data-root {root} holds no MNIST: {root / 'MNIST' / 'raw'} lacks "), p.stderr
+    assert "use --dataset mnist-5k" in p.stderr and f"write-mnist {root}" in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr and "[ddp_helpers]" not in p.stderr, p.stderr
+    assert not list(tmp_path.glob("ddp_helpers-ranks-*")), "refused before any rank started"
+    assert not (tmp_path / "out" / "result.json").exists()

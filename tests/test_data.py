@@ -67,8 +67,8 @@ def test_normalize_matches_the_listings_transform():
         assert torch.equal(normalize(d.train_images[i]), expected)
 
 
-@pytest.mark.parametrize("mirrors_answer", [False, True], ids=["no-mirror-reachable", "download-fails"])
-def test_mnist_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch, capsys, mirrors_answer):
+def _offline(monkeypatch, mirrors_answer: bool) -> None:
+    """No MNIST download works: no mirror answers, or one answers and the download fails."""
     from torchvision import datasets
 
     def offline(self):
@@ -76,15 +76,49 @@ def test_mnist_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch,
 
     monkeypatch.setattr(D, "_mirrors_reachable", lambda mirrors: mirrors_answer)
     monkeypatch.setattr(datasets.MNIST, "download", offline)
+
+
+@pytest.mark.parametrize("mirrors_answer", [False, True], ids=["no-mirror-reachable", "download-fails"])
+@pytest.mark.parametrize("spelling", ["as-is", "no-trailing-slash"])
+def test_default_mnist_root_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch, capsys,
+                                                                       mirrors_answer, spelling):
+    _offline(monkeypatch, mirrors_answer)
+    default = str(tmp_path / "default-root") + "/"  # stands in for TrainConfig's default, so ~ is left alone
+    monkeypatch.setattr(D, "DEFAULT_DATA_ROOT", default)
     D._NOTICES_SHOWN.clear()
     D.clear_cache()
     try:
-        splits = D.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+        splits = D.load_data(TrainConfig(dataset="mnist", data_root=default if spelling == "as-is" else default[:-1]))
     finally:
         D.clear_cache()
-    assert splits.name == "mnist-5k"
+    assert splits.name == "mnist-5k" and len(splits.train_labels) == 4000
     err = capsys.readouterr().err
     assert "offline" in err and "mnist-5k" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("mirrors_answer", [False, True], ids=["no-mirror-reachable", "download-fails"])
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_explicit_mnist_root_never_falls_back(tmp_path, monkeypatch, capsys, mirrors_answer, folder):
+    """A data_root the user named holds MNIST or is an error naming it, on every run of the process."""
+    _offline(monkeypatch, mirrors_answer)
+    monkeypatch.setattr(D, "DEFAULT_DATA_ROOT", str(tmp_path / "default-root"))
+    root = tmp_path / "MNIST_dta"
+    if folder == "empty":
+        root.mkdir()
+    D._NOTICES_SHOWN.clear()
+    D.clear_cache()
+    try:
+        for _ in range(2):  # the second run in the same process must not find a cached fallback either
+            with pytest.raises(D.DataError) as e:
+                D.load_data(TrainConfig(dataset="mnist", data_root=str(root)))
+            msg = str(e.value)
+            assert msg.startswith(f"TrainConfig.data_root={str(root)!r} holds no MNIST: "), msg
+            assert str(root / "MNIST" / "raw") in msg and "can't be downloaded" in msg, msg
+            assert "dataset='mnist-5k'" in msg and f"write-mnist {root}" in msg and "default" in msg, msg
+            assert "\n" not in msg, msg
+    finally:
+        D.clear_cache()
+    assert capsys.readouterr().err == ""  # no fallback notice: nothing was replaced
 
 
 def _write_idx(path, arr: np.ndarray, magic: int, gz: bool):
@@ -278,13 +312,16 @@ def test_explicit_missing_fashion_root_names_it_and_how_to_get_the_data(tmp_path
     assert not typo.exists(), "nothing is unpacked into a folder the user didn't make"
 
 
-def test_default_root_still_gets_debians_fashion_mnist(tmp_path, monkeypatch, fresh_cache):
+@pytest.mark.parametrize("spelling", ["as-is", "trailing-slash", "dot-dot"])
+def test_default_root_still_gets_debians_fashion_mnist(tmp_path, monkeypatch, fresh_cache, spelling):
+    """The default folder however spelled, as for MNIST's fallback (is_default_root decides for both)."""
     debian = tmp_path / "debian"
     _fake_fashion_dir(debian)
     monkeypatch.setattr(D, "DEBIAN_FASHION_DIR", str(debian))
     default = str(tmp_path / "default-root")  # stands in for TrainConfig's default, so ~ is left alone
     monkeypatch.setattr(D, "DEFAULT_DATA_ROOT", default)
-    d = D.load_data(TrainConfig(dataset="fashion-mnist", data_root=default))
+    given = {"as-is": default, "trailing-slash": default + "/", "dot-dot": str(tmp_path / "x" / ".." / "default-root")}
+    d = D.load_data(TrainConfig(dataset="fashion-mnist", data_root=given[spelling]))
     assert d.name == "fashion-mnist" and len(d.train_labels) == 120
     assert sorted(os.listdir(os.path.join(default, "FashionMNIST", "raw"))) == sorted(D.RAW_FILES)
 

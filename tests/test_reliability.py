@@ -92,7 +92,7 @@ def test_a_torchrun_resume_with_other_settings_is_refused(tmp_path):
     refused = _torchrun(tmp_path, "--momentum", "0.9", "--lr", "0.5", "--resume-from", ckpt, "--out",
                         str(tmp_path / "out"))
     assert refused.returncode != 0
-    assert "TrainConfig.lr=0.5 differs from the checkpoint's 0.01" in refused.stderr
+    assert "error: --lr 0.5 differs from the checkpoint's 0.01" in refused.stderr  # named by its flag
     assert not (tmp_path / "out" / "result.json").exists()
     ok = _torchrun(tmp_path, "--momentum", "0.9", "--max-steps", "6", "--resume-from", ckpt, "--out",
                    str(tmp_path / "ok"))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -146,5 +148,77 @@ def test_cli_bad_checkpoint_is_one_line_and_exit_2(kind, tmp_path):
              tmp_path)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith(f"error: TrainConfig.resume_from={path!r} is not accepted: ") and CASES[kind] in p.stderr
+    assert p.stderr.startswith(f"error: --resume-from {path} is not accepted: ") and CASES[kind] in p.stderr
+    assert "or leave out --resume-from to start over" in p.stderr, p.stderr
     assert "weights_only=False" not in p.stderr
+
+
+# ------------------------------------------------------------------ a checkpoint this user can't read
+NO_DAC = ["--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def _as_user_who_cant_read(cmd: list) -> list:
+    """cmd run so that a chmod 000 file is unreadable: as root, without the capabilities that override modes."""
+    if os.geteuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root and setpriv (util-linux) is missing: root reads any file")
+    probe = subprocess.run([setpriv, *NO_DAC, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"setpriv can't drop capabilities here: {probe.stderr.strip()}")
+    return [setpriv, *NO_DAC, *cmd]
+
+
+@pytest.fixture
+def unreadable_checkpoint(tmp_path):
+    payload = _good_payload(SMALL)
+    path = save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"])
+    os.chmod(path, 0)
+    yield path
+    os.chmod(path, 0o600)
+
+
+def _assert_unreadable_named(line: str, path: str) -> None:
+    assert line == (f"error: --resume-from {path} is not accepted: this user can't read the file (Permission "
+                    f"denied); make it readable for this user (chmod a+r {path}), run as its owner, or leave out "
+                    "--resume-from to start over"), line
+
+
+def test_cli_unreadable_checkpoint_is_one_line_and_exit_2(unreadable_checkpoint, tmp_path):
+    cmd = [sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--max-steps", "12",
+           "--resume-from", unreadable_checkpoint, "--out", str(tmp_path / "o")]
+    p = subprocess.run(_as_user_who_cant_read(cmd), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    _assert_unreadable_named(p.stderr.rstrip("\n"), unreadable_checkpoint)
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed next to this Python")
+def test_torchrun_unreadable_checkpoint_is_named_by_every_rank(unreadable_checkpoint, tmp_path):
+    """Under torchrun each rank runs check_job itself: each says so in one line and exits 2 (torchrun then 1)."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddp_helpers.train", "--dataset", "mnist-5k",
+           "--max-steps", "12", "--threads-per-rank", "1", "--resume-from", unreadable_checkpoint,
+           "--out", str(tmp_path / "o")]
+    p = subprocess.run(_as_user_who_cant_read(cmd), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode != 0
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2, p.stderr[-3000:]
+    for line in errors:
+        _assert_unreadable_named(line, unreadable_checkpoint)
+    assert "PermissionError" not in p.stderr and re.search(r"exitcode\s*:\s*2\b", p.stderr), p.stderr[-3000:]
+
+
+def test_a_directory_as_resume_from_is_called_a_directory(tmp_path, no_ranks):
+    payload = _good_payload(SMALL)
+    for step in (4, 10):
+        save_checkpoint(str(tmp_path), step, payload["model"], payload["optimizer"], payload["config"])
+    with pytest.raises(ConfigError) as e:
+        run_training(SMALL.replace(resume_from=str(tmp_path)), progress=False)
+    assert str(e.value) == (f"TrainConfig.resume_from={str(tmp_path)!r} is not accepted: it is a directory, not a "
+                            "checkpoint file; give one of its ckpt-*.pt files, e.g. the latest "
+                            f"{str(tmp_path / 'ckpt-0000010.pt')!r}")
+    assert not no_ranks

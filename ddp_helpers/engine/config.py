@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import os
 import socket
@@ -27,7 +28,7 @@ class TrainConfig:
 
     world_size: int = 2  # processes (ranks) to start; the listing uses one per GPU, here 2 by default
     backend: str = "auto"  # "auto": nccl when CUDA has >= world_size GPUs, else gloo on CPU
-    dataset: str = "mnist"  # "mnist" falls back to the offline "mnist-5k" when it can't be downloaded
+    dataset: str = "mnist"  # offline, "mnist" falls back to "mnist-5k", but only at the default data_root
     data_root: str = "~/.pytorch/MNIST_data/"  # the listing's path; torchvision's layout under it
     batch_size: int = 64  # per rank, so the global batch is batch_size * world_size
     lr: float = 0.01  # SGD learning rate, as in the listing
@@ -209,8 +210,7 @@ def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_por
     if not isinstance(cfg, TrainConfig):
         raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}; build one with TrainConfig(...)")
     check_types(cfg)
-    if cfg.resume_from is not None and not os.path.isfile(os.path.expanduser(str(cfg.resume_from))):
-        raise _bad("resume_from", cfg.resume_from, "an existing checkpoint file (ckpt-*.pt written by a run)")
+    check_resume_path(cfg.resume_from)
     local = local_world_size or cfg.world_size
     backend = resolve_backend(cfg.backend, local)
     try:
@@ -222,6 +222,28 @@ def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_por
     if cfg.checkpoint_dir is not None:
         check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
     return backend
+
+
+def check_resume_path(resume_from: Optional[str]) -> None:
+    """Refuse a resume_from that is not a file: a folder (naming its latest checkpoint) or nothing at all."""
+    if resume_from is None:
+        return
+    path = os.path.expanduser(str(resume_from))
+    if os.path.isdir(path):
+        found = sorted(glob.glob(os.path.join(glob.escape(path), "ckpt-*.pt")))
+        pick = (f"give one of its ckpt-*.pt files, e.g. the latest {found[-1]!r}" if found  # zero-padded: by step
+                else "it holds no ckpt-*.pt: give a checkpoint file that a run with checkpoint_dir wrote")
+        raise _bad("resume_from", resume_from, f"it is a directory, not a checkpoint file; {pick}")
+    try:
+        os.stat(path)
+        why = None if os.path.isfile(path) else "is not a regular file"
+    except FileNotFoundError:
+        why = "doesn't exist"
+    except OSError as e:  # e.g. a folder on the way this user can't enter: not "missing"
+        why = f"can't be reached ({e.strerror or e})"
+    if why:
+        raise _bad("resume_from", resume_from, f"an existing checkpoint file (ckpt-*.pt written by a run); {path!r} "
+                                               f"{why}")
 
 
 def check_writable_dir(name: str, path: str) -> None:

@@ -1,0 +1,190 @@
+"""--out on a disk that is full, or fills during training: refused before the work, or the result kept elsewhere.
+
+The real cases use a small tmpfs (root, as CI is); they skip where mounting is refused. The monkeypatched ones
+run everywhere and cover the same code paths.
+"""
+from __future__ import annotations
+
+import errno
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ddp_helpers import TrainResult
+from ddp_helpers.outputs import KEPT_PREFIX, OutputError, estimate_bytes
+
+ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
+
+
+def _mount_tmpfs(path, size: str) -> None:
+    """A real filesystem of `size` at path, or skip: only root (or CAP_SYS_ADMIN) may mount."""
+    os.makedirs(path, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"can't mount a tmpfs here ({p.stderr.strip() or p.returncode})")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A mounter: small_disk(size) -> a folder on a new tmpfs of that size, unmounted at the test's end."""
+    mounted = []
+
+    def mount(size: str):
+        path = tmp_path / f"disk{len(mounted)}"
+        _mount_tmpfs(path, size)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def _free(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _fill(folder, leave: int = 0) -> None:
+    """Write a file until `leave` bytes are free on folder's filesystem."""
+    with open(os.path.join(folder, "filler"), "wb") as fh:
+        try:
+            fh.write(b"\0" * max(_free(folder) - leave, 0))
+            fh.flush()
+        except OSError:
+            pass  # full already: that is the point
+
+
+# ------------------------------------------------------------------------------------ the estimate
+def test_estimate_bounds_what_a_run_writes(small_cfg, small_run, tmp_path):
+    from ddp_helpers.train import write_outputs
+
+    paths = write_outputs(small_run, str(tmp_path), plots=True)
+    sizes = {os.path.basename(p): os.path.getsize(p) for p in paths}
+    result_bytes, plot_bytes = estimate_bytes(small_cfg)
+    assert sizes["result.json"] <= result_bytes <= 2 * sizes["result.json"] + 64_000, (sizes, result_bytes)
+    drawn = sum(v for k, v in sizes.items() if k.endswith(".png"))
+    assert drawn <= plot_bytes <= 10 * drawn, (sizes, plot_bytes)
+
+
+# ------------------------------------------------------------------------------------ refused up front
+def test_full_out_is_refused_before_training(small_disk, tmp_path):
+    disk = small_disk("200k")
+    env = {**ENV, "TMPDIR": str(tmp_path)}  # a started rank would leave its log folder here
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--max-steps", "5",
+                        "--out", str(disk / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.startswith(f"error: --out '{disk / 'run'}' has ") and "bytes free, and this run writes up to " \
+        in p.stderr and "--no-plots" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert not glob.glob(str(tmp_path / "ddp_helpers-ranks-*")), "no rank may start"
+    assert time.monotonic() - t0 < 60
+
+
+# ------------------------------------------------------------------------------------ writing still fails
+def _cli_filling(disk, tmp_path, leave: int, extra=()):
+    """Run the CLI with --out on disk; once its ranks are launched (their log folder appears), fill the disk."""
+    env = {**ENV, "TMPDIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--epochs", "3",
+                          "--batch-size", "16", "--threads-per-rank", "1", "--out", str(disk / "run"), *extra],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not glob.glob(str(tmp_path / "ddp_helpers-ranks-*")) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.poll() is None, "the run ended before its ranks were seen: " + p.communicate()[1]
+        _fill(disk, leave)  # after the up-front check passed, while the ranks train (750 steps)
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, out, err
+
+
+def test_disk_full_after_training_keeps_the_result_and_says_where(small_disk, tmp_path):
+    disk = small_disk("4m")
+    code, out, err = _cli_filling(disk, tmp_path, leave=0)
+    assert code == 1 and "Traceback" not in err and err.count("\n") == 1, err
+    kept = glob.glob(str(tmp_path / f"{KEPT_PREFIX}*" / "result.json"))
+    assert len(kept) == 1, (err, os.listdir(tmp_path))
+    assert re.fullmatch(re.escape(f"error: can't write {disk / 'run' / 'result.json'} (No space left on device, ")
+                        + r"[\d,]+" + re.escape(f" bytes free): the run's result.json is kept at {kept[0]}; free some "
+                                                 f"space in {disk / 'run'} or choose another --out\n"), err), err
+    res = TrainResult.load(kept[0])
+    assert res.complete and res.n_steps == 3 * 125 and res.fingerprints_agree()  # 4,000 / (2 x 16) per epoch
+    assert os.listdir(disk / "run") == [], "no half-written file left in --out"
+
+
+def test_plot_that_no_longer_fits_keeps_result_json(small_disk, tmp_path):
+    disk = small_disk("4m")
+    code, out, err = _cli_filling(disk, tmp_path, leave=480_000)  # result.json (~380 KB) fits, not all 3 plots
+    assert code == 1 and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"error: result.json was written ({disk / 'run' / 'result.json'}), but ") and \
+        "could not be (No space left on device" in err and "--no-plots" in err, err
+    assert "PIL" not in err and "encoder" not in err, err
+    assert TrainResult.load(str(disk / "run" / "result.json")).complete
+    left = sorted(os.listdir(disk / "run"))
+    assert not [f for f in left if ".tmp" in f], left  # the PNG being written is removed, never half there
+    for png in left:
+        if png.endswith(".png"):
+            assert (disk / "run" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------ where no disk can be filled
+def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, monkeypatch):
+    from ddp_helpers.train import write_outputs
+
+    real_save = TrainResult.save
+    out = tmp_path / "out"
+
+    def save(self, path):
+        if str(path).startswith(str(out)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, path)
+
+    monkeypatch.setattr(TrainResult, "save", save)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    with pytest.raises(OutputError) as e:
+        write_outputs(small_run, str(out), plots=True)
+    kept = glob.glob(str(tmp_path / f"{KEPT_PREFIX}*" / "result.json"))
+    assert len(kept) == 1 and f"kept at {kept[0]}" in str(e.value), str(e.value)
+    back = TrainResult.load(kept[0])
+    assert np.array_equal(back.final_params, small_run.final_params)
+    json.loads(open(kept[0]).read())
+
+
+def test_failed_runs_partial_result_is_kept_when_out_is_full(tmp_path, monkeypatch, capsys):
+    """A failed run's partial_result.json too: kept in the temp dir when --out can't take it."""
+    from ddp_helpers.train import main
+
+    real_save = TrainResult.save
+    out = tmp_path / "out"
+
+    def save(self, path):
+        if str(path).startswith(str(out)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, path)
+
+    monkeypatch.setattr(TrainResult, "save", save)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    code = main(["--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--fault-rank", "1",
+                 "--fault-step", "4", "--start-method", "fork", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "rank 1 failed" in err, err
+    kept = glob.glob(str(tmp_path / f"{KEPT_PREFIX}*" / "partial_result.json"))
+    assert len(kept) == 1 and f"partial_result.json is kept at {kept[0]}" in err, err
+    partial = TrainResult.load(kept[0])
+    assert not partial.complete and partial.n_steps == 4
