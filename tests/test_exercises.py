@@ -267,7 +267,7 @@ def test_a_group_that_fails_to_form_is_launched_again(monkeypatch):
         calls.append(kwargs["init_group"])
         if len(calls) == 1:
             raise RankFailedError(0, "RuntimeError: Gloo connectFullMesh failed",
-                                  traceback_text='File "launcher.py", line 124, in _join_group')
+                                  traceback_text='File "rank.py", line 40, in init_group_from_env')
         return [{"rank": r} for r in range(world_size)]
 
     monkeypatch.setattr(_harness, "launch", flaky_launch)

@@ -357,7 +357,9 @@ def test_two_runs_at_the_same_time_from_two_processes(tmp_path):
 
 def test_two_launches_in_one_process_get_different_ports():
     ports = []
-    orig = L.dist.TCPStore
+    from ddp_helpers.ranks import store as S
+
+    orig = S.dist.TCPStore
 
     def spy(*a, **k):
         store = orig(*a, **k)
@@ -365,7 +367,7 @@ def test_two_launches_in_one_process_get_different_ports():
             ports.append(store.port)
         return store
 
-    L.dist.TCPStore = spy
+    S.dist.TCPStore = spy
     try:
         # The default start method: forking from a process with a second launch running in another thread could
         # copy that thread's locks into the children (what Python warns about for fork in threaded programs).
@@ -374,7 +376,7 @@ def test_two_launches_in_one_process_get_different_ports():
         launch(_hello, 2)
         th.join()
     finally:
-        L.dist.TCPStore = orig
+        S.dist.TCPStore = orig
     assert len(ports) == 2 and ports[0] != ports[1]
 
 

@@ -83,6 +83,11 @@ def _address_problem(method: Any, port: int) -> Optional[Problem]:
             return "no_address", ("the ranks have no address to meet at: pass an init_method URL of the form "
                                   "tcp://<host>:<port> on this machine (or set MASTER_ADDR and MASTER_PORT before "
                                   "the default init_method='env://').")
+        if str(used) != str(port):  # the launch's own store, set in torchrun's variables: not the one asked for
+            return "no_address", (f"with no init_method, init_process_group reads MASTER_ADDR and MASTER_PORT "
+                                  f"(env://), and here they name the store the check's launch opened ({used}), as "
+                                  f"torchrun's would: not the `port` your function was given ({port}). Pass an "
+                                  "init_method URL of the form tcp://<host>:<port> with that port.")
     elif isinstance(method, str) and method.startswith("tcp://"):
         parts = urllib.parse.urlsplit(method)
         host = parts.hostname

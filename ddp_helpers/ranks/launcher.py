@@ -112,9 +112,14 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
             # The store's server starts only now, after the ranks exist: a forked child must not inherit its
             # thread (it could hold a lock at the moment of the fork, and the child would hang in the rendezvous).
             store = serve_store(listener, host, world_size, timeout_s)
-            return _supervise(context, method, log_dir, world_size, on_poll, poll_s)
+            outputs = _supervise(context, method, log_dir, world_size, on_poll, poll_s)
+        except BaseException:
+            _end_launch(context, log_dir, wait_s=0.0)  # KeyboardInterrupt included: nothing outlives the call
+            raise
+        else:
+            _end_launch(context, log_dir, wait_s=10.0)  # every rank reported: they are exiting now
+            return outputs
         finally:
-            _end_launch(context, log_dir)
             store = None  # noqa: F841 - frees the port for the next run
             if listener is not None:
                 listener.close()
@@ -197,13 +202,13 @@ def _forkserver_died(method: str, codes: List[Optional[int]]) -> bool:
         return True
 
 
-def _end_launch(context: Optional[ProcessContext], log_dir: str) -> None:
+def _end_launch(context: Optional[ProcessContext], log_dir: str, wait_s: float) -> None:
     """Reap or stop every rank, end what they started, remove the log folder: nothing of the launch outlives it."""
     import shutil
 
     try:
         if context is not None:
-            _join_all(context.processes, 10.0)  # a rank that reported its value exits at once; one that doesn't ...
+            _join_all(context.processes, wait_s)  # a rank that reported its value exits at once; one that doesn't ...
             stop_processes(context.processes)  # ... is ended here
             for p in context.processes:
                 if p.pid is not None:
