@@ -29,7 +29,7 @@ def init_nccl(rank, world_size, port):
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
 
 
-@wrong("init_group", "no_address", "no address to meet at")
+@wrong("init_group", "no_address", "reads MASTER_ADDR and MASTER_PORT (env://)")
 def init_env_without_address(rank, world_size, port):
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=T)
 
