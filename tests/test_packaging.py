@@ -2,55 +2,88 @@
 a wheel installed outside the repository carries the notebooks and its console script copies them out."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+ENV_FILES = ("environment.yml", "environment-cpu.yml")
+
+
+def _tool(name: str):
+    """A maintainers' script under tools/, imported as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _name(req: str) -> str:
     return re.split(r"[<>=!~ \[;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _env_pip_requirements() -> dict:
+def _env_pip_requirements(env_file: str) -> dict:
     reqs = {}
     in_pip = False
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+    for line in (ROOT / env_file).read_text().splitlines():
         stripped = line.strip()
         if stripped.startswith("- pip:"):
             in_pip = True
             continue
         if in_pip and stripped.startswith("- ") and line.startswith("      "):
             req = stripped[2:].strip()
-            if not req.startswith("-e"):
+            if not req.startswith("-"):  # -e . and pip options such as --extra-index-url
                 reqs[_name(req)] = req.replace(" ", "")
         elif in_pip and stripped and not line.startswith("      "):
             in_pip = False
     return reqs
 
 
-def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+@pytest.mark.parametrize("env_file", ENV_FILES)
+def test_environment_yml_matches_pyproject(env_file):
+    project = PYPROJECT["project"]
     wanted = {_name(r): r.replace(" ", "") for r in project["dependencies"]}
     for extra in project["optional-dependencies"].values():
         wanted.update({_name(r): r.replace(" ", "") for r in extra})
-    env = _env_pip_requirements()
+    env = _env_pip_requirements(env_file)
     missing = sorted(set(wanted) - set(env))
     extra = sorted(set(env) - set(wanted))
-    assert not missing and not extra, f"environment.yml lacks {missing}, has extra {extra}"
+    assert not missing and not extra, f"{env_file} lacks {missing}, has extra {extra}"
     differ = {k: (wanted[k], env[k]) for k in wanted if wanted[k] != env[k]}
-    assert not differ, f"version specifiers differ (pyproject, environment.yml): {differ}"
-    assert "-e ." in (ROOT / "environment.yml").read_text(), "environment.yml must install the package itself"
+    assert not differ, f"version specifiers differ (pyproject, {env_file}): {differ}"
+    text = (ROOT / env_file).read_text()
+    assert "-e ." in text, f"{env_file} must install the package itself"
+    python = f"  - python{project['requires-python']}\n"
+    assert python in text, f"{env_file} should ask conda for {python.strip()[2:]}, pyproject's requires-python"
+
+
+def test_environment_cpu_yml_is_environment_yml_with_the_readmes_cpu_index():
+    """The conda path offers the README's CPU-wheel choice, and the two files can't drift apart."""
+    url = re.search(r"--index-url (https://\S+/cpu)\b", (ROOT / "README.md").read_text()).group(1)
+    index = f"      - --extra-index-url {url}"
+    body = [line for line in (ROOT / "environment.yml").read_text().splitlines() if not line.startswith("#")]
+    cpu = [line for line in (ROOT / "environment-cpu.yml").read_text().splitlines() if not line.startswith("#")]
+    assert index in cpu and index not in body, f"environment-cpu.yml should have {index.strip()!r}, environment.yml not"
+    assert [line for line in cpu if line != index] == body, "environment-cpu.yml differs from environment.yml by more"
+    assert cpu.index(index) == cpu.index("  - pip:") + 1, "the index line opens the pip list"
+
+
+def test_floor_check_asks_for_everything_make_env_installs():
+    """tools/check_floors.py (run by CI against the index) resolves the dependencies, every extra and the build."""
+    check = _tool("check_floors")
+    reqs = check.requirements(PYPROJECT)
+    for wanted in ["nbgrader==0.9.6", "playwright>=1.45", "pytest>=8.0", "torch>=2.8", "setuptools>=77"]:
+        assert wanted in reqs, wanted
+    assert check.floor(PYPROJECT["project"]["requires-python"]) == "3.11"
+    with pytest.raises(ValueError, match="requires-python"):
+        check.floor(">=3.9,<4")
 
 
 def test_rank_import_stays_light():
@@ -70,7 +103,7 @@ def test_public_api_names_resolve():
 
 def test_every_subpackage_is_listed_for_the_wheel():
     """[tool.setuptools] packages is an explicit list: a subpackage missing there is silently left out of the wheel."""
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    setup = PYPROJECT["tool"]["setuptools"]
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "ddp_helpers").rglob("__init__.py")}
     found |= set(setup.get("package-dir", {}))  # folders mapped in from elsewhere (the notebooks)
     assert found == set(setup["packages"]), f"pyproject.toml [tool.setuptools] packages should be {sorted(found)}"
