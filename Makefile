@@ -29,16 +29,17 @@ demo: env
 	$(PY) -m ddp_helpers.train --out $(OUT)
 	@echo "open $(OUT)/loss.png, $(OUT)/grad_norms.png, $(OUT)/fingerprints.png"
 
-# Every test: unit and process tests, then the executed notebooks compared by nbval.
+# Every test: unit and process tests, then the executed notebooks compared by nbval, run as a pip user gets them
+# (tools/pip_user.py: the wheel installed outside the repository, the notebooks copied out by its console script).
 test: env
 	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+	$(PY) tools/pip_user.py -- -q
 
 test-unit: env
 	$(PY) -m pytest tests -q
 
 test-notebooks: env
-	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+	$(PY) tools/pip_user.py -- -q
 
 test-browser: env
 	.ci/install_browser.sh

@@ -1,9 +1,10 @@
 """Packaging: environment.yml and pyproject.toml list the same dependencies; the public API imports lazily;
-a wheel installed outside the repository carries the notebooks and its console script copies them out."""
+a wheel installed outside the repository carries the notebooks and the scripts they read, and its console
+script copies them out (make test's nbval step then runs those copies: tools/pip_user.py)."""
 from __future__ import annotations
 
 import importlib.util
-import os
+import json
 import pathlib
 import re
 import subprocess
@@ -109,18 +110,22 @@ def test_every_subpackage_is_listed_for_the_wheel():
     assert found == set(setup["packages"]), f"pyproject.toml [tool.setuptools] packages should be {sorted(found)}"
 
 
-def _repo_notebooks() -> dict:
-    from ddp_helpers.copy_notebooks import list_notebooks
+def _repo_files() -> dict:
+    """What a copy should hold, by relative path: the repository's notebooks, and its examples/ beside them."""
+    from ddp_helpers.shipped import list_examples, list_notebooks
 
-    return list_notebooks(ROOT / "notebooks")
+    return {**list_notebooks(ROOT / "notebooks"), **list_examples(ROOT / "examples")}
 
 
 def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
-    from ddp_helpers.copy_notebooks import copy_notebooks, notebook_source
+    from ddp_helpers.copy_notebooks import copy_notebooks
+    from ddp_helpers.shipped import examples_source, notebook_source
 
     assert notebook_source() == ROOT / "notebooks"  # a checkout (editable or PYTHONPATH): its own notebooks/
+    assert examples_source() == ROOT / "examples"
     written = copy_notebooks(tmp_path / "dest")
-    assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == sorted(_repo_notebooks())
+    assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == sorted(_repo_files())
+    assert "examples/ddp_mnist.py" in _repo_files() and "examples/listing_7_2.py" in _repo_files()
     first = written[0]
     first.write_text("my edits")
     with pytest.raises(FileExistsError, match="--force"):
@@ -133,34 +138,60 @@ def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
         copy_notebooks(tmp_path / "file")
 
 
+def test_example_file_takes_the_copy_beside_the_notebook(tmp_path, monkeypatch):
+    """A notebook's kernel runs in the notebook's folder: examples/ there (a copy) first, else the package's."""
+    from ddp_helpers.shipped import example_file
+
+    monkeypatch.chdir(tmp_path)  # like notebooks/ in the repository: no examples/ beside it
+    assert example_file("ddp_mnist.py") == ROOT / "examples" / "ddp_mnist.py"
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "ddp_mnist.py").write_text("# a learner's edit")
+    assert example_file("ddp_mnist.py").read_text() == "# a learner's edit"
+    with pytest.raises(FileNotFoundError, match="listing_7_2.py"):
+        example_file("no_such_script.py")
+
+
+def test_no_notebook_cell_reads_above_its_folder():
+    """A copied folder has nothing above the notebooks: a '../' path in a code cell fails for a pip user."""
+    above = re.compile(r"[\"'](\.\./)+[\w.-]|Path\([\"']\.\.[\"']\)")
+    hits = []
+    for rel, path in _repo_files().items():
+        if path.suffix == ".ipynb":
+            cells = json.loads(path.read_text())["cells"]
+            hits += [f"{rel} cell {i}" for i, c in enumerate(cells)
+                     if c["cell_type"] == "code" and above.search("".join(c["source"]))]
+    assert not hits, f"cells that read files above their notebook's folder: {hits}"
+
+
 @pytest.mark.timeout(240)
 def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
-    """Build the wheel, install it into a folder outside the repo, run its console script from there."""
-    wheels, target, work = tmp_path / "wheels", tmp_path / "site-packages", tmp_path / "work"
-    work.mkdir()
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
-                   check=True, capture_output=True, timeout=180)  # offline: the installed setuptools builds it
-    (wheel,) = wheels.glob("ddp_helpers-*.whl")
-    subprocess.run(pip + ["install", "--no-deps", "--target", str(target), str(wheel)], check=True,
-                   capture_output=True, timeout=120)
-    notebooks = _repo_notebooks()
-    packaged = target / "ddp_helpers" / "notebooks"
-    shipped = sorted(p.relative_to(packaged).as_posix() for p in packaged.rglob("*") if p.is_file())
-    assert shipped == sorted(notebooks), "the wheel's notebooks differ from notebooks/ (README and config stay out)"
+    """Build the wheel, install it into a folder outside the repo, run its console script from there.
 
-    env = dict(os.environ, PYTHONPATH=str(target))  # the installed copy, not the checkout (cwd is outside too)
+    make test then runs nbval over such a copy (tools/pip_user.py, the same build and install), so every copied
+    notebook is executed from its own folder with the installed package; this test checks what the copy holds.
+    """
+    pip_user = _tool("pip_user")
+    target, work = tmp_path / "site-packages", tmp_path / "work"
+    work.mkdir()
+    env = pip_user.install(pip_user.build_wheel(tmp_path / "wheel"), target)
+    files = _repo_files()
+    package = target / "ddp_helpers"
+    shipped = sorted(p.relative_to(package).as_posix() for folder in ("notebooks", "examples")
+                     for p in (package / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    expected = sorted(rel if rel.startswith("examples/") else f"notebooks/{rel}" for rel in files)
+    assert shipped == expected, "the wheel's notebooks and examples differ from the repository's (README, cfg stay out)"
+
     where = subprocess.run([sys.executable, "-c", "import ddp_helpers.copy_notebooks as m; print(m.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert pathlib.Path(where).resolve().is_relative_to(target.resolve()), where
-    script = target / "bin" / "ddp-helpers-notebooks"  # the console script pip wrote (Windows: Scripts/*.exe)
-    command = [sys.executable, str(script)] if script.exists() else [str(target / "Scripts" / f"{script.name}.exe")]
+    command = pip_user.console_script(target, "ddp-helpers-notebooks")
     run = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    for rel, src in notebooks.items():
+    for rel, src in files.items():
         assert (work / "mine" / rel).read_bytes() == src.read_bytes(), rel
     again = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "--force" in again.stderr, (again.returncode, again.stderr)
     forced = subprocess.run([sys.executable, "-m", "ddp_helpers.copy_notebooks", "mine", "--force"], cwd=work,
                             env=env, capture_output=True, text=True)
-    assert forced.returncode == 0 and f"copied {len(notebooks)} notebooks" in forced.stdout, forced.stderr
+    notebooks = sum(rel.endswith(".ipynb") for rel in files)
+    assert forced.returncode == 0 and f"copied {notebooks} notebooks and the 2 scripts" in forced.stdout, forced.stderr
