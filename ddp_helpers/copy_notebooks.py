@@ -21,12 +21,12 @@ def shipped_files() -> Dict[str, Path]:
     return {**list_notebooks(notebook_source()), **list_examples(examples_source())}
 
 
-def copy_notebooks(dest: Path, force: bool = False, files: Optional[Dict[str, Path]] = None) -> List[Path]:
+def copy_notebooks(dest: Path, force: bool = False) -> List[Path]:
     """Copy the notebooks and examples into dest (created if missing); returns the files written.
 
     Raises FileExistsError naming the files already in dest, before copying anything, unless force is True.
     """
-    files = shipped_files() if files is None else files
+    files = shipped_files()
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise NotADirectoryError(f"DEST {dest} is a file: give a folder (it is created if missing)")

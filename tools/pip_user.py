@@ -26,6 +26,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
+def _run(command: List[str], **kwargs) -> str:
+    """Run a step; on failure raise with its own error output, not only its exit status."""
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:6])} ... failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 def _sources() -> List[str]:
     """The top-level files and folders the wheel is built from, as pyproject.toml names them."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -43,16 +51,15 @@ def build_wheel(out: pathlib.Path) -> pathlib.Path:
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
         else:
             shutil.copyfile(ROOT / name, src / name)
-    subprocess.run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
-                   check=True, capture_output=True, timeout=180)  # offline: the installed setuptools builds it
+    _run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
+         timeout=180)  # offline: the installed setuptools builds it
     (wheel,) = out.glob("ddp_helpers-*.whl")
     return wheel
 
 
 def install(wheel: pathlib.Path, target: pathlib.Path) -> dict:
     """Install the wheel alone into target (its dependencies are this interpreter's); the environment to use it."""
-    subprocess.run(PIP + ["install", "--no-deps", "--target", str(target), str(wheel)], check=True,
-                   capture_output=True, timeout=120)
+    _run(PIP + ["install", "--no-deps", "--target", str(target), str(wheel)], timeout=120)
     return dict(os.environ, PYTHONPATH=str(target))  # the installed copy, not the checkout (kernels inherit it)
 
 
@@ -66,10 +73,8 @@ def installed_copy(work: pathlib.Path) -> tuple:
     """Wheel, install and copy under work: (the copied folder, the environment that uses the installed package)."""
     target, dest = work / "site-packages", work / "notebooks"
     env = install(build_wheel(work / "wheel"), target)
-    subprocess.run(console_script(target, "ddp-helpers-notebooks") + [str(dest)], cwd=work, env=env, check=True,
-                   capture_output=True, timeout=120)
-    where = subprocess.run([sys.executable, "-c", "import ddp_helpers; print(ddp_helpers.__file__)"], cwd=dest,
-                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    _run(console_script(target, "ddp-helpers-notebooks") + [str(dest)], cwd=work, env=env, timeout=120)
+    where = _run([sys.executable, "-c", "import ddp_helpers; print(ddp_helpers.__file__)"], cwd=dest, env=env).strip()
     if not pathlib.Path(where).resolve().is_relative_to(target.resolve()):  # e.g. a .pth that outranks PYTHONPATH
         raise RuntimeError(f"the copied notebooks would import ddp_helpers from {where}, not from {target}")
     return dest, env
