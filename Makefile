@@ -10,7 +10,10 @@ OUT    ?= runs/demo
 env: $(STAMP)
 
 # One virtual environment with the package (editable) and the test tools; re-done when pyproject.toml changes.
+# First the interpreter against requires-python (the venv's own if there is one), so an old Python fails in one line.
+FLOOR = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.toml)
 $(STAMP): pyproject.toml
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c 'import sys; v = sys.version_info[:2]; sys.exit(v < tuple(map(int, "$(FLOOR)".split("."))) and f"make env: {sys.executable} is Python {v[0]}.{v[1]}; the package, its tests and nbgrader 0.9.6 (the teacher extra) need Python >= $(FLOOR). Give one: make PYTHON=python$(FLOOR) demo (remove $(VENV) first if it holds the old one)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
 	$(PY) -m pip install -q -e ".[test,teacher]" >> $(VENV)/install.log 2>&1 || (grep -v "^WARNING: Location" $(VENV)/install.log | tail -40; exit 1)
@@ -26,16 +29,17 @@ demo: env
 	$(PY) -m ddp_helpers.train --out $(OUT)
 	@echo "open $(OUT)/loss.png, $(OUT)/grad_norms.png, $(OUT)/fingerprints.png"
 
-# Every test: unit and process tests, then the executed notebooks compared by nbval.
+# Every test: unit and process tests, then the executed notebooks compared by nbval, run as a pip user gets them
+# (tools/pip_user.py: the wheel installed outside the repository, the notebooks copied out by its console script).
 test: env
 	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+	$(PY) tools/pip_user.py -- -q
 
 test-unit: env
 	$(PY) -m pytest tests -q
 
 test-notebooks: env
-	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+	$(PY) tools/pip_user.py -- -q
 
 test-browser: env
 	.ci/install_browser.sh

@@ -1,7 +1,8 @@
 """Command line: `ddp-helpers-notebooks DEST` (or `python -m ddp_helpers.copy_notebooks DEST`) copies the
-tutorial's notebooks and the classroom exercises into DEST, to open with `jupyter lab DEST`.
+tutorial's notebooks, the classroom exercises and the example scripts notebook 4 reads (into DEST/examples/)
+into DEST, to open with `jupyter lab DEST`.
 
-A wheel carries them as package data (ddp_helpers/notebooks/); a source checkout has them in its notebooks/.
+A wheel carries them as package data; a source checkout has them in its notebooks/ and examples/.
 Existing files in DEST are never overwritten unless --force is given.
 """
 from __future__ import annotations
@@ -12,34 +13,20 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-_PACKAGE = Path(__file__).resolve().parent
+from .shipped import examples_source, list_examples, list_notebooks, notebook_source
 
 
-def notebook_source() -> Path:
-    """The folder holding the notebooks: the installed package data, else the source checkout's notebooks/."""
-    for candidate in (_PACKAGE / "notebooks", _PACKAGE.parent / "notebooks"):
-        if any(candidate.glob("*.ipynb")):
-            return candidate
-    raise FileNotFoundError(f"no notebooks found in {_PACKAGE / 'notebooks'} or {_PACKAGE.parent / 'notebooks'}: "
-                            "this ddp_helpers installation lacks them; reinstall it from a wheel or a checkout")
+def shipped_files() -> Dict[str, Path]:
+    """What a copy holds, by its path in DEST: the notebooks, and examples/ beside them."""
+    return {**list_notebooks(notebook_source()), **list_examples(examples_source())}
 
 
-def list_notebooks(src: Path) -> Dict[str, Path]:
-    """Every notebook under src (exercises/ and appendix/ included) by relative path; hidden folders skipped."""
-    found = {}
-    for path in sorted(src.rglob("*.ipynb")):
-        rel = path.relative_to(src)
-        if not any(part.startswith(".") for part in rel.parts):  # .ipynb_checkpoints/
-            found[rel.as_posix()] = path
-    return found
-
-
-def copy_notebooks(dest: Path, force: bool = False, src: Optional[Path] = None) -> List[Path]:
-    """Copy the notebooks into dest (created if missing); returns the files written.
+def copy_notebooks(dest: Path, force: bool = False) -> List[Path]:
+    """Copy the notebooks and examples into dest (created if missing); returns the files written.
 
     Raises FileExistsError naming the files already in dest, before copying anything, unless force is True.
     """
-    files = list_notebooks(src or notebook_source())
+    files = shipped_files()
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise NotADirectoryError(f"DEST {dest} is a file: give a folder (it is created if missing)")
@@ -71,7 +58,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     for path in written:
         print(path)
-    print(f"copied {len(written)} notebooks into {args.dest}; open them with: jupyter lab {args.dest}")
+    scripts = sum(path.suffix == ".py" for path in written)
+    print(f"copied {len(written) - scripts} notebooks and the {scripts} scripts they read (examples/) into "
+          f"{args.dest}; open them with: jupyter lab {args.dest}")
     return 0
 
 

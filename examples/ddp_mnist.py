@@ -88,7 +88,8 @@ def main(args):
     trainset = datasets.MNIST(filepath, train=True, transform=transform)  # already there: no download
     testset = datasets.MNIST(filepath, train=False, transform=transform)  # to measure the result
     sampler = DistributedSampler(trainset)  # shuffles; each rank its own 1/world_size of the data, not all
-    train_loader = DataLoader(trainset, batch_size=64, sampler=sampler)  # no workers: the images are in memory
+    # No workers: they would be more processes per rank, competing with the ranks for the cores.
+    train_loader = DataLoader(trainset, batch_size=64, sampler=sampler)
     model = nn.Sequential(Flatten(), nn.Linear(784, 10)).to(device)
     model = DistributedDataParallel(model, device_ids=[local_rank] if use_gpu else None)  # none on CPU
     criterion = nn.CrossEntropyLoss()

@@ -1,56 +1,90 @@
 """Packaging: environment.yml and pyproject.toml list the same dependencies; the public API imports lazily;
-a wheel installed outside the repository carries the notebooks and its console script copies them out."""
+a wheel installed outside the repository carries the notebooks and the scripts they read, and its console
+script copies them out (make test's nbval step then runs those copies: tools/pip_user.py)."""
 from __future__ import annotations
 
-import os
+import importlib.util
+import json
 import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+ENV_FILES = ("environment.yml", "environment-cpu.yml")
+
+
+def _tool(name: str):
+    """A maintainers' script under tools/, imported as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _name(req: str) -> str:
     return re.split(r"[<>=!~ \[;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _env_pip_requirements() -> dict:
+def _env_pip_requirements(env_file: str) -> dict:
     reqs = {}
     in_pip = False
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+    for line in (ROOT / env_file).read_text().splitlines():
         stripped = line.strip()
         if stripped.startswith("- pip:"):
             in_pip = True
             continue
         if in_pip and stripped.startswith("- ") and line.startswith("      "):
             req = stripped[2:].strip()
-            if not req.startswith("-e"):
+            if not req.startswith("-"):  # -e . and pip options such as --extra-index-url
                 reqs[_name(req)] = req.replace(" ", "")
         elif in_pip and stripped and not line.startswith("      "):
             in_pip = False
     return reqs
 
 
-def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+@pytest.mark.parametrize("env_file", ENV_FILES)
+def test_environment_yml_matches_pyproject(env_file):
+    project = PYPROJECT["project"]
     wanted = {_name(r): r.replace(" ", "") for r in project["dependencies"]}
     for extra in project["optional-dependencies"].values():
         wanted.update({_name(r): r.replace(" ", "") for r in extra})
-    env = _env_pip_requirements()
+    env = _env_pip_requirements(env_file)
     missing = sorted(set(wanted) - set(env))
     extra = sorted(set(env) - set(wanted))
-    assert not missing and not extra, f"environment.yml lacks {missing}, has extra {extra}"
+    assert not missing and not extra, f"{env_file} lacks {missing}, has extra {extra}"
     differ = {k: (wanted[k], env[k]) for k in wanted if wanted[k] != env[k]}
-    assert not differ, f"version specifiers differ (pyproject, environment.yml): {differ}"
-    assert "-e ." in (ROOT / "environment.yml").read_text(), "environment.yml must install the package itself"
+    assert not differ, f"version specifiers differ (pyproject, {env_file}): {differ}"
+    text = (ROOT / env_file).read_text()
+    assert "-e ." in text, f"{env_file} must install the package itself"
+    python = f"  - python{project['requires-python']}\n"
+    assert python in text, f"{env_file} should ask conda for {python.strip()[2:]}, pyproject's requires-python"
+
+
+def test_environment_cpu_yml_is_environment_yml_with_the_readmes_cpu_index():
+    """The conda path offers the README's CPU-wheel choice, and the two files can't drift apart."""
+    url = re.search(r"--index-url (https://\S+/cpu)\b", (ROOT / "README.md").read_text()).group(1)
+    index = f"      - --extra-index-url {url}"
+    body = [line for line in (ROOT / "environment.yml").read_text().splitlines() if not line.startswith("#")]
+    cpu = [line for line in (ROOT / "environment-cpu.yml").read_text().splitlines() if not line.startswith("#")]
+    assert index in cpu and index not in body, f"environment-cpu.yml should have {index.strip()!r}, environment.yml not"
+    assert [line for line in cpu if line != index] == body, "environment-cpu.yml differs from environment.yml by more"
+    assert cpu.index(index) == cpu.index("  - pip:") + 1, "the index line opens the pip list"
+
+
+def test_floor_check_asks_for_everything_make_env_installs():
+    """tools/check_floors.py (run by CI against the index) resolves the dependencies, every extra and the build."""
+    check = _tool("check_floors")
+    reqs = check.requirements(PYPROJECT)
+    for wanted in ["nbgrader==0.9.6", "playwright>=1.45", "pytest>=8.0", "torch>=2.8", "setuptools>=77"]:
+        assert wanted in reqs, wanted
+    assert check.floor(PYPROJECT["project"]["requires-python"]) == "3.11"
+    with pytest.raises(ValueError, match="requires-python"):
+        check.floor(">=3.9,<4")
 
 
 def test_rank_import_stays_light():
@@ -70,24 +104,28 @@ def test_public_api_names_resolve():
 
 def test_every_subpackage_is_listed_for_the_wheel():
     """[tool.setuptools] packages is an explicit list: a subpackage missing there is silently left out of the wheel."""
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    setup = PYPROJECT["tool"]["setuptools"]
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "ddp_helpers").rglob("__init__.py")}
     found |= set(setup.get("package-dir", {}))  # folders mapped in from elsewhere (the notebooks)
     assert found == set(setup["packages"]), f"pyproject.toml [tool.setuptools] packages should be {sorted(found)}"
 
 
-def _repo_notebooks() -> dict:
-    from ddp_helpers.copy_notebooks import list_notebooks
+def _repo_files() -> dict:
+    """What a copy should hold, by relative path: the repository's notebooks, and its examples/ beside them."""
+    from ddp_helpers.shipped import list_examples, list_notebooks
 
-    return list_notebooks(ROOT / "notebooks")
+    return {**list_notebooks(ROOT / "notebooks"), **list_examples(ROOT / "examples")}
 
 
 def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
-    from ddp_helpers.copy_notebooks import copy_notebooks, notebook_source
+    from ddp_helpers.copy_notebooks import copy_notebooks
+    from ddp_helpers.shipped import examples_source, notebook_source
 
     assert notebook_source() == ROOT / "notebooks"  # a checkout (editable or PYTHONPATH): its own notebooks/
+    assert examples_source() == ROOT / "examples"
     written = copy_notebooks(tmp_path / "dest")
-    assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == sorted(_repo_notebooks())
+    assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == sorted(_repo_files())
+    assert "examples/ddp_mnist.py" in _repo_files() and "examples/listing_7_2.py" in _repo_files()
     first = written[0]
     first.write_text("my edits")
     with pytest.raises(FileExistsError, match="--force"):
@@ -100,34 +138,60 @@ def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
         copy_notebooks(tmp_path / "file")
 
 
+def test_example_file_takes_the_copy_beside_the_notebook(tmp_path, monkeypatch):
+    """A notebook's kernel runs in the notebook's folder: examples/ there (a copy) first, else the package's."""
+    from ddp_helpers.shipped import example_file
+
+    monkeypatch.chdir(tmp_path)  # like notebooks/ in the repository: no examples/ beside it
+    assert example_file("ddp_mnist.py") == ROOT / "examples" / "ddp_mnist.py"
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "ddp_mnist.py").write_text("# a learner's edit")
+    assert example_file("ddp_mnist.py").read_text() == "# a learner's edit"
+    with pytest.raises(FileNotFoundError, match="listing_7_2.py"):
+        example_file("no_such_script.py")
+
+
+def test_no_notebook_cell_reads_above_its_folder():
+    """A copied folder has nothing above the notebooks: a '../' path in a code cell fails for a pip user."""
+    above = re.compile(r"[\"'](\.\./)+[\w.-]|Path\([\"']\.\.[\"']\)")
+    hits = []
+    for rel, path in _repo_files().items():
+        if path.suffix == ".ipynb":
+            cells = json.loads(path.read_text())["cells"]
+            hits += [f"{rel} cell {i}" for i, c in enumerate(cells)
+                     if c["cell_type"] == "code" and above.search("".join(c["source"]))]
+    assert not hits, f"cells that read files above their notebook's folder: {hits}"
+
+
 @pytest.mark.timeout(240)
 def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
-    """Build the wheel, install it into a folder outside the repo, run its console script from there."""
-    wheels, target, work = tmp_path / "wheels", tmp_path / "site-packages", tmp_path / "work"
-    work.mkdir()
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
-                   check=True, capture_output=True, timeout=180)  # offline: the installed setuptools builds it
-    (wheel,) = wheels.glob("ddp_helpers-*.whl")
-    subprocess.run(pip + ["install", "--no-deps", "--target", str(target), str(wheel)], check=True,
-                   capture_output=True, timeout=120)
-    notebooks = _repo_notebooks()
-    packaged = target / "ddp_helpers" / "notebooks"
-    shipped = sorted(p.relative_to(packaged).as_posix() for p in packaged.rglob("*") if p.is_file())
-    assert shipped == sorted(notebooks), "the wheel's notebooks differ from notebooks/ (README and config stay out)"
+    """Build the wheel, install it into a folder outside the repo, run its console script from there.
 
-    env = dict(os.environ, PYTHONPATH=str(target))  # the installed copy, not the checkout (cwd is outside too)
+    make test then runs nbval over such a copy (tools/pip_user.py, the same build and install), so every copied
+    notebook is executed from its own folder with the installed package; this test checks what the copy holds.
+    """
+    pip_user = _tool("pip_user")
+    target, work = tmp_path / "site-packages", tmp_path / "work"
+    work.mkdir()
+    env = pip_user.install(pip_user.build_wheel(tmp_path / "wheel"), target)
+    files = _repo_files()
+    package = target / "ddp_helpers"
+    shipped = sorted(p.relative_to(package).as_posix() for folder in ("notebooks", "examples")
+                     for p in (package / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    expected = sorted(rel if rel.startswith("examples/") else f"notebooks/{rel}" for rel in files)
+    assert shipped == expected, "the wheel's notebooks and examples differ from the repository's (README, cfg stay out)"
+
     where = subprocess.run([sys.executable, "-c", "import ddp_helpers.copy_notebooks as m; print(m.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert pathlib.Path(where).resolve().is_relative_to(target.resolve()), where
-    script = target / "bin" / "ddp-helpers-notebooks"  # the console script pip wrote (Windows: Scripts/*.exe)
-    command = [sys.executable, str(script)] if script.exists() else [str(target / "Scripts" / f"{script.name}.exe")]
+    command = pip_user.console_script(target, "ddp-helpers-notebooks")
     run = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    for rel, src in notebooks.items():
+    for rel, src in files.items():
         assert (work / "mine" / rel).read_bytes() == src.read_bytes(), rel
     again = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "--force" in again.stderr, (again.returncode, again.stderr)
     forced = subprocess.run([sys.executable, "-m", "ddp_helpers.copy_notebooks", "mine", "--force"], cwd=work,
                             env=env, capture_output=True, text=True)
-    assert forced.returncode == 0 and f"copied {len(notebooks)} notebooks" in forced.stdout, forced.stderr
+    notebooks = sum(rel.endswith(".ipynb") for rel in files)
+    assert forced.returncode == 0 and f"copied {notebooks} notebooks and the 2 scripts" in forced.stdout, forced.stderr
