@@ -171,6 +171,18 @@ def test_plot_timeline_draws_one_lane_per_bucket_and_names_missing_marks():
         plot_timeline({})
 
 
+def test_plot_timeline_puts_every_panel_on_one_time_scale_and_names_each_mark():
+    short = [_rec([(1, 1, 2)], 0.5, 3.0), _rec([(1, 1, 2)], 0.5, 3.0)]
+    long = [_rec([(8, 8, 30)], 5.0, 40.0), _rec([(8, 8, 31)], 5.0, 41.0)]
+    fig = plot_timeline({"short": short, "long": long})
+    top, bottom = fig.axes
+    assert top.get_xlim() == bottom.get_xlim(), "panels on different time scales can't be compared by eye"
+    assert all(t.get_visible() for t in top.get_xticklabels()), "the upper panel keeps its time labels"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("backward() returned" in lab for lab in labels), "the dotted lines are explained in the legend"
+    assert any("waiting" in lab for lab in labels) and any("forward" == lab for lab in labels)
+
+
 def test_plot_loss_curves_puts_samples_on_the_second_axis():
     fig = plot_loss_curves({"W=1": {"loss": [3.0, 2.0, 1.0], "global_batch": 64},
                             "W=4": {"loss": [3.0, 1.5, 0.5], "global_batch": 256}})

@@ -8,6 +8,8 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from .plots import _color, _smooth
 
@@ -23,12 +25,25 @@ def _check_marks(record: dict, names: Sequence[str]) -> None:
                          "Timeline.mark(...) before returning Timeline.records()")
 
 
+def _timeline_legend(fig: Figure) -> None:
+    """What each bar and line of plot_timeline stands for, below the panels."""
+    handles = [Patch(color="#d9d9d9", label="forward"),
+               Patch(color="#7f7f7f", label="backward, computing gradients"),
+               Patch(facecolor="white", edgecolor="#7f7f7f", hatch="///",
+                     label="backward, waiting for the last all-reduces"),
+               Patch(color=BUCKET_COLORS[0], label="a bucket: handed to the hook -> all-reduce done"),
+               Line2D([], [], color="black", lw=0.8, ls=":", label="backward() returned (one line per rank, its colour)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+
+
 def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Figure:
     """One Gantt chart per panel (title -> one Timeline record per rank): compute above, one lane per bucket below.
 
     For each rank: forward (light grey), backward up to the last bucket's hand-over, i.e. computing gradients
     (dark grey), then backward waiting for the last all-reduces (hatched); below, one bar per bucket from the
-    moment DDP handed it to the hook to the moment its all-reduce completed (bucket index on the bar).
+    moment DDP handed it to the hook to the moment its all-reduce completed (bucket index on the bar); a dotted
+    line in the rank's colour where its backward() returned. The panels share one time axis, so bars of the
+    same length take the same time in every panel; a legend below says what each mark stands for.
     """
     if not panels:
         raise ValueError("plot_timeline needs at least one panel: {title: [record of rank 0, record of rank 1, ...]}")
@@ -37,8 +52,8 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
         raise ValueError("plot_timeline: every panel needs one record per rank, got an empty list")
     # Each rank: a compute row, one lane per bucket, a gap; each panel as tall as its lanes need.
     heights = [len(recs) * (1.4 + 0.45 * max(len(r["buckets"]) for r in recs)) for recs in panels.values()]
-    fig = Figure(figsize=(7.5, 0.8 + 0.32 * sum(heights) + 0.5 * len(panels)), layout="constrained", dpi=DPI)
-    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    fig = Figure(figsize=(7.5, 1.5 + 0.32 * sum(heights) + 0.5 * len(panels)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True, gridspec_kw={"height_ratios": heights})[:, 0]
     for ax, (title, records) in zip(axes, panels.items()):
         rank_h = 1.4 + 0.45 * max(len(r["buckets"]) for r in records)
         ticks = []
@@ -66,7 +81,9 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
         ax.set_yticks(pos, names, fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("ms since the iteration started" if unit_ms else "s since the iteration started", fontsize=8)
+        ax.xaxis.set_tick_params(labelbottom=True)  # sharex hides the upper panels' tick labels; keep them
         ax.grid(axis="x", alpha=0.3)
+    _timeline_legend(fig)
     return fig
 
 
