@@ -43,3 +43,20 @@ def test_first_limits_the_columns_and_bad_indices_are_named():
     assert img.tolist() == [[0, 1, 0, 1]]
     with pytest.raises(ValueError, match="outside 0..5"):
         plot_shard_strip({"e0": [[0, 6]]}, 6)
+
+
+def test_fingerprint_plot_says_in_words_when_no_rank_ever_differs_and_draws_the_count_when_one_does(small_run):
+    import copy
+
+    from ddp_helpers.lesson.plots import plot_fingerprints
+
+    agreeing = plot_fingerprints(small_run)
+    bottom = agreeing.axes[1]
+    assert not bottom.axison and not bottom.lines
+    assert "every rank's fingerprint equals rank 0's" in bottom.texts[0].get_text()
+
+    diverged = copy.deepcopy(small_run)
+    diverged.ranks[1].param_fingerprint = list(diverged.ranks[1].param_fingerprint)
+    diverged.ranks[1].param_fingerprint[2] = "0" * 16  # rank 1 differs after step 2
+    (line,) = plot_fingerprints(diverged).axes[1].lines
+    assert list(line.get_ydata()).count(1) == 1 and max(line.get_ydata()) == 1

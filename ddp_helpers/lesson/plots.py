@@ -73,7 +73,8 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
     """After every step each rank's parameter fingerprint, side by side: one value per column, a new one per step.
 
     Top: the first `max_steps` steps, each cell showing the rank's fingerprint (first 6 hex digits), green where
-    it equals rank 0's. Bottom: over all steps, how many ranks hold parameters that differ from rank 0's.
+    it equals rank 0's. Bottom: over all steps, how many ranks hold parameters that differ from rank 0's (a
+    sentence instead when none ever does).
     """
     n, w = min(max_steps, result.n_steps), result.world_size
     ref = result.ranks[0].param_fingerprint
@@ -96,6 +97,11 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
     ax.set_title(f"Parameter fingerprint after each step (first {n}): equal down each column, "
                  f"{distinct} different values in {result.n_steps} steps", fontsize=9)
     differing = [sum(r.param_fingerprint[i] != ref[i] for r in result.ranks) for i in range(result.n_steps)]
+    if not any(differing):  # a line at 0 says nothing a sentence doesn't: say it
+        ax2.axis("off")
+        ax2.text(0.5, 0.5, f"all {result.n_steps} steps: every rank's fingerprint equals rank 0's (no step differs)",
+                 ha="center", va="center", fontsize=9, transform=ax2.transAxes)
+        return fig
     ax2.step(steps[:result.n_steps], differing, where="mid", color="black", lw=1.2)
     ax2.set_ylim(-0.3, max(w - 1, 1) + 0.3)
     ax2.set_yticks(range(max(w - 1, 1) + 1))
