@@ -12,7 +12,6 @@ import argparse
 import importlib.util
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -39,20 +38,12 @@ def _only_under_other_kernels() -> None:
         pytest.skip("runs inside test_bitwise_claims_hold_with_other_cpu_kernels, which sets ATEN_CPU_CAPABILITY")
 
 
-def _script_rank(rank: int, world_size: int, port: int, root: str, save: str) -> int:
-    """examples/ddp_mnist.py's main() on a forked rank, with the variables its mp.spawn entry would set."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _script_rank(rank: int, world_size: int, root: str, save: str) -> int:
+    """examples/ddp_mnist.py's main() on a forked rank: launch sets torchrun's variables, which main() reads."""
     spec = importlib.util.spec_from_file_location("ddp_mnist", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script.main(argparse.Namespace(data_root=root, epochs=1, save=save if rank == 0 else None))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_scripts_training_equals_run_training_bitwise(tmp_path):
@@ -66,7 +57,7 @@ def test_the_scripts_training_equals_run_training_bitwise(tmp_path):
     root, saved = str(tmp_path / "MNIST_5k"), str(tmp_path / "final.pt")
     D.write_mnist(root)
     importlib.import_module("torchvision")  # once here, not in each forked rank
-    codes = launch(_script_rank, 2, args=(_free_port(), root, saved), start_method="fork", init_group=False,
+    codes = launch(_script_rank, 2, args=(root, saved), start_method="fork", init_group=False,
                    threads_per_rank=1)
     assert codes == [0, 0]
     sd = torch.load(saved)

@@ -367,3 +367,18 @@ def test_the_story_of_an_accumulation_step_is_read_per_micro_batch():
     assert s.backward_sync == {1: False, 2: True, 3: True}
     assert s.forward_outside() == [1] and s.forward_inside() == [2]
     assert s.allreduces == 1 and s.steps == 1 and s.zero_grads == [("optimizer", 0)]  # after the step: not counted
+
+
+def test_init_group_by_environment_variables_passes():
+    """The hint's other way: MASTER_ADDR and MASTER_PORT set to the given port, then the default env://."""
+    import os
+
+    import torch.distributed as dist
+
+    from ddp_helpers.exercises import check_init_group
+
+    def init_group(rank, world_size, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    assert check_init_group(init_group).passed

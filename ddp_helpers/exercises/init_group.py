@@ -150,6 +150,10 @@ def _watch_and_test(rank: int, world_size: int, student_fn: Callable, port: int)
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable, port: int) -> Dict[str, Any]:
     """In each rank: the learner's call and the test of its group; a problem ends all the ranks at once."""
+    # The exercise is the listing's rendezvous: rank 0 hosts the store on `port`. Under torchrun's flag (which
+    # launch sets) env:// would make every rank a client of a store at MASTER_ADDR:MASTER_PORT: a learner who
+    # sets MASTER_PORT=port, as mp.spawn's scripts do, would then wait for a server nobody starts.
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     try:
         out = _watch_and_test(rank, world_size, student_fn, port)
     except BaseException as e:  # noqa: BLE001 - e.g. SystemExit, or our all_reduce over a broken group: a report
