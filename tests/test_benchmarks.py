@@ -5,19 +5,76 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
+import psutil
 import pytest
 
 from ddp_helpers.data import DEBIAN_FASHION_DIR
+
+from _procs import describe_and_kill, outliving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    """Run benchmarks/<script> with args from the repository root; its output captured as text."""
-    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    """Run benchmarks/<script> with args from the repository root; its output captured as text.
+
+    Every process it started must end soon after it (a forkserver exits when its parent has gone): what outlives
+    it is a leak, and its memory, handed back later, would also disturb the next test's system-wide measure.
+    """
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    family, done = {}, threading.Event()
+
+    def watch() -> None:  # the script's descendants, while it runs (an orphan leaves its tree)
+        while not done.wait(0.2):
+            try:
+                family.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+            except psutil.Error:
+                pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        done.set()
+        watcher.join()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        left = describe_and_kill(outliving(list(family.values()), timeout=15.0))
+    assert not left, f"{script} left processes running after it ended: {left}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _load(script: str):
+    """benchmarks/<script> imported as a module (its folder on sys.path, as when it runs as a script)."""
+    folder = os.path.join(ROOT, "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # step_warmth and thread_times import bench_pipelines from their folder
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), os.path.join(folder, script))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refusal(script: str, args, monkeypatch, capsys) -> tuple:
+    """benchmarks/<script>'s main() with these arguments, in this process: (exit status, what it wrote to stderr).
+
+    A refusal happens while the arguments are read, before any measuring: a process of its own would spend its
+    seconds importing torch only to print one line (the scripts' real runs are tested as processes above).
+    """
+    module = _load(script)
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    capsys.readouterr()
+    try:
+        code = module.main()
+    except SystemExit as e:  # argparse's p.error
+        code = e.code
+    return code, capsys.readouterr().err
 
 
 def _table(stdout: str) -> dict:
@@ -42,14 +99,16 @@ def test_allreduce_latency_prints_one_row_per_collective():
         assert re.fullmatch(r"\d+%", cells[5])
 
 
-def test_allreduce_latency_refuses_bad_counts():
-    out = _bench("allreduce_latency.py", "--iters", "0", timeout=60)
-    assert out.returncode == 2 and "--iters and --rounds must be at least 1" in out.stderr
+def test_allreduce_latency_refuses_bad_counts(monkeypatch, capsys):
+    code, err = _refusal("allreduce_latency.py", ["--iters", "0"], monkeypatch, capsys)
+    assert code == 2 and "--iters and --rounds must be at least 1" in err, err
 
 
 def test_bench_pipelines_prints_every_configuration_and_the_targets():
+    # The default start method (a forkserver with torch preloaded) instead of the script's spawn: the table and
+    # the targets are the same code either way, and five spawned pairs of ranks importing torch cost ~80% of it.
     out = _bench("bench_pipelines.py", "--dataset", "mnist-5k", "--repeats", "1", "--seed-repeats", "1", "--markdown",
-                 timeout=270)  # under pytest-timeout's 300 s
+                 "--start-method", "auto", timeout=270)  # under pytest-timeout's 300 s
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in out.stdout.splitlines()
                               if line.startswith("| seed") or line.startswith("| default"))}
@@ -69,10 +128,7 @@ def test_bench_pipelines_prints_every_configuration_and_the_targets():
 
 @pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo (not Linux)")
 def test_memory_sampler_reads_meminfo_and_sees_an_allocation():
-    path = os.path.join(ROOT, "benchmarks", "bench_pipelines.py")
-    spec = importlib.util.spec_from_file_location("bench_pipelines", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load("bench_pipelines.py")
     with open("/proc/meminfo") as fh:  # the slow, obvious parse the sampler's fast one must agree with
         info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh)}
     fd = os.open("/proc/meminfo", os.O_RDONLY)
@@ -87,7 +143,7 @@ def test_memory_sampler_reads_meminfo_and_sees_an_allocation():
         block[::4096] = b"\1" * len(block[::4096])  # touch every page, so the memory is really in use
         time.sleep(0.1)  # ten sampling periods
         del block
-    # The measure is system-wide: other processes (a previous test's ranks still exiting) move it by ~100-200 MB.
+    # The measure is system-wide: other processes (another program's ending) move it by ~100-200 MB.
     assert used.added_mb > 512, (used.base, used.peak)
 
 
@@ -108,9 +164,9 @@ def test_thread_times_accounts_for_each_kind_of_thread():
     assert float(rows["gloo collective workers"][2]) >= 1 and float(rows["gloo tcp_loop"][2]) >= 1
 
 
-def test_thread_times_refuses_bad_counts():
-    out = _bench("thread_times.py", "--runs", "0", timeout=60)
-    assert out.returncode == 2 and "--runs must be at least 1" in out.stderr
+def test_thread_times_refuses_bad_counts(monkeypatch, capsys):
+    code, err = _refusal("thread_times.py", ["--runs", "0"], monkeypatch, capsys)
+    assert code == 2 and "--runs must be at least 1" in err, err
 
 
 def test_step_warmth_times_each_gap_kind_and_phase():
@@ -136,9 +192,9 @@ def test_step_warmth_times_each_gap_kind_and_phase():
     (["--steps", "0"], "--steps and --rounds must be at least 1"),
     (["--steps", "2", "--rounds", "3"], "--rounds at most --steps"),
 ])
-def test_step_warmth_refuses_bad_settings(args, message):
-    out = _bench("step_warmth.py", *args, timeout=60)
-    assert out.returncode == 2 and message in out.stderr, out.stderr
+def test_step_warmth_refuses_bad_settings(args, message, monkeypatch, capsys):
+    code, err = _refusal("step_warmth.py", args, monkeypatch, capsys)
+    assert code == 2 and message in err, err
 
 
 def test_startup_prints_every_call_and_the_targets():
@@ -159,6 +215,6 @@ def test_startup_prints_every_call_and_the_targets():
     (["--calls", "1"], "--calls and --checks must be at least 2"),
     (["--setup-rounds", "0"], "--setup-rounds must be at least 1"),
 ])
-def test_startup_refuses_bad_settings(args, message):
-    out = _bench("startup.py", *args, timeout=60)
-    assert out.returncode == 2 and message in out.stderr, out.stderr
+def test_startup_refuses_bad_settings(args, message, monkeypatch, capsys):
+    code, err = _refusal("startup.py", args, monkeypatch, capsys)
+    assert code == 2 and message in err, err
