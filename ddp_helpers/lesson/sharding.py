@@ -46,20 +46,24 @@ def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, in
     """
     if not per_rank:
         raise ValueError("plot_rank_bytes needs {method: {world_size: [rank_bytes(...) per rank]}}")
-    fig = Figure(figsize=(9, 3.2), layout="constrained", dpi=150)
+    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=150)
     axes = fig.subplots(1, len(PARTS), sharey=True)
     for ax, part in zip(axes, PARTS):
         sizes = sorted({w for runs in per_rank.values() for w in runs})
-        ax.plot(sizes, [total[part] / w / 1e6 for w in sizes], color="black", ls=":", lw=1, label="total / W")
         for i, (method, runs) in enumerate(per_rank.items()):
             ws = sorted(runs)
             hi = np.array([max(r[part] for r in runs[w]) for w in ws]) / 1e6
             lo = np.array([min(r[part] for r in runs[w]) for w in ws]) / 1e6
-            ax.plot(ws, hi, marker="o", color=_color(i), lw=1.2, label=f"{method} (largest rank)")
+            # markers and dashes differ too: the methods that hold a full copy draw on top of each other
+            ax.plot(ws, hi, marker="osv^D"[i % 5], ls=("-", "--", "-.", ":")[i % 4], color=_color(i), lw=1.2,
+                    markersize=7 - i, label=f"{method} (largest rank)")
             ax.fill_between(ws, lo, hi, color=_color(i), alpha=0.15)
+        ax.plot(sizes, [total[part] / w / 1e6 for w in sizes], color="black", ls=":", lw=1.6, zorder=5,
+                label="total / W")
         ax.set_xticks(sizes)
         ax.set(title=part, xlabel="world size W")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("MB on one rank (band: smallest to largest rank)")
+    axes[0].set_ylabel("MB on one rank")
     axes[-1].legend(fontsize=7)
+    fig.suptitle("what one rank holds: the largest rank (line), down to the smallest (band)", fontsize=9)
     return fig
