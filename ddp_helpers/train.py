@@ -112,6 +112,24 @@ def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int):
     return data if local_rank == 0 else load_data(cfg, quiet=True)
 
 
+def _check_same_start(start_step: int) -> None:
+    """Refuse, on every rank, a job whose ranks would resume from different steps.
+
+    Each rank resolves --resume-from latest itself: a node that can't see rank 0's checkpoint folder (not on a
+    shared file system) would start over while the others resume, and their collectives would no longer pair up.
+    """
+    import torch.distributed as dist
+
+    from .engine.config import ConfigError
+
+    steps = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, start_step)
+    if len(set(steps)) > 1:
+        raise ConfigError(f"TrainConfig.resume_from is not accepted: the ranks would resume from different steps "
+                          f"({', '.join(f'rank {r}: {s}' for r, s in enumerate(steps))}); put checkpoint_dir on a "
+                          "file system that every node reads, or give every node the same checkpoint file")
+
+
 def _gather_on_rank0(job, rank: int) -> bool:
     """Each process filled only its own rows: gather them on rank 0 (as objects, so gloo and nccl both work)."""
     import torch.distributed as dist
@@ -131,6 +149,7 @@ def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, s
     from .engine.job import Job
     from .ranks.env import RankEnv
 
+    _check_same_start(start_step)
     job = Job.create(cfg, backend, _load_on_node(cfg, rank, RankEnv.from_environ().local_rank), start_step)
     job.t_launch = t_launch
     try:
@@ -156,6 +175,7 @@ def _save_partial(job, out: str) -> None:
 
 def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     """One rank of a torchrun job, entered the way every rank is (ranks.rank.run_rank); rank 0 returns the result."""
+    from .engine.checkpoint import resolve_resume
     from .engine.config import default_threads
     from .engine.job import check_job
     from .ranks.env import RankEnv
@@ -164,6 +184,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     env = RankEnv.from_environ()
     # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
     cfg = cfg.replace(world_size=env.world_size, master_port=0)
+    cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one
     backend, start_step = check_job(cfg, local_world_size=env.local_world_size, check_port=False)
     threads = cfg.threads_per_rank or default_threads(env.local_world_size)  # this node's ranks share its cores
     return run_rank(_torchrun_rank, (cfg, backend, start_step, out, plots, time.monotonic()), backend, cfg.timeout_s,

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError, TrainConfig
+from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
 from .fileio import atomic_write
 from .model import build_model
 from .rng import check_rng_entry, rng_state, set_rng_state
@@ -238,3 +238,15 @@ def latest_checkpoint(directory: str) -> Optional[str]:
     files = glob.glob(os.path.join(os.path.expanduser(directory), "ckpt-*.pt"))
     steps = [(int(m.group(1)), f) for f in files if (m := re.search(r"ckpt-(\d+)\.pt$", f))]
     return max(steps)[1] if steps else None
+
+
+def resolve_resume(cfg: TrainConfig) -> TrainConfig:
+    """cfg with resume_from="latest" replaced by checkpoint_dir's newest ckpt-*.pt, or by None if it holds none.
+
+    Every attempt of a torchrun job (--max-restarts) runs the same command: with resume_from="latest" the first
+    attempt starts at step 0 and each restart continues from the last checkpoint the previous attempts wrote.
+    """
+    if getattr(cfg, "resume_from", None) != RESUME_LATEST:  # not a TrainConfig: validate() says so
+        return cfg
+    check_types(cfg)  # "latest" needs checkpoint_dir: said in check_types' words, before the folder is read
+    return cfg.replace(resume_from=latest_checkpoint(str(cfg.checkpoint_dir)))

@@ -16,6 +16,7 @@ DATASETS = ("mnist", "fashion-mnist", "mnist-5k")
 PIPELINES = ("default", "seed")
 COMM_HOOKS = ("allreduce", "fp16")
 FAULT_KINDS = ("raise", "kill", "hang")
+RESUME_LATEST = "latest"  # resume_from's value for "the newest checkpoint in checkpoint_dir, if there is one"
 
 
 class ConfigError(ValueError):
@@ -48,7 +49,7 @@ class TrainConfig:
     timeout_s: float = 60.0  # collective timeout: a dead peer turns into an error, not a hang
     checkpoint_dir: Optional[str] = None  # rank 0 writes checkpoints here (None = no checkpoints)
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = only at the end of the run)
-    resume_from: Optional[str] = None  # checkpoint file to continue from, exactly
+    resume_from: Optional[str] = None  # checkpoint file to continue from, exactly ("latest": checkpoint_dir's newest)
     num_workers: int = 2  # DataLoader workers per rank, used by the "seed" pipeline only
     fault_rank: Optional[int] = None  # fault injection for lessons and tests: which rank fails
     fault_step: int = 0  # ... at which step
@@ -137,6 +138,9 @@ def check_types(cfg: TrainConfig) -> None:
         raise _bad("checkpoint_every", cfg.checkpoint_every, "an int >= 0 (0 = only at the end)")
     if cfg.checkpoint_every and cfg.checkpoint_dir is None:
         raise _bad("checkpoint_every", cfg.checkpoint_every, "needs checkpoint_dir set as well")
+    if cfg.resume_from == RESUME_LATEST and cfg.checkpoint_dir is None:
+        raise _bad("resume_from", cfg.resume_from, "'latest' is the newest ckpt-*.pt in checkpoint_dir, so it needs "
+                                                   "checkpoint_dir set as well (or give a checkpoint file)")
     if not _is_int(cfg.num_workers) or not 0 <= cfg.num_workers <= 64:
         raise _bad("num_workers", cfg.num_workers, "an int from 0 to 64")
     if cfg.fault_rank is not None and (not _is_int(cfg.fault_rank) or not 0 <= cfg.fault_rank < cfg.world_size):
@@ -226,7 +230,7 @@ def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_por
 
 def check_resume_path(resume_from: Optional[str]) -> None:
     """Refuse a resume_from that is not a file: a folder (naming its latest checkpoint) or nothing at all."""
-    if resume_from is None:
+    if resume_from is None or resume_from == RESUME_LATEST:  # "latest" is resolved when the job starts
         return
     path = os.path.expanduser(str(resume_from))
     if os.path.isdir(path):
@@ -267,4 +271,5 @@ def default_threads(world_size: int) -> int:
     return max(1, cpu_budget() // world_size)
 
 
-__all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads", "check_writable_dir"]
+__all__ = ["TrainConfig", "ConfigError", "validate", "resolve_backend", "default_threads", "check_writable_dir",
+           "RESUME_LATEST"]

@@ -13,8 +13,14 @@ class InjectedFault(RuntimeError):
 
 
 def inject_fault(cfg: TrainConfig, rank: int, step: int) -> None:
-    """Fail as cfg.fault_kind says when this is the configured rank and step; otherwise do nothing."""
+    """Fail as cfg.fault_kind says when this is the configured rank and step; otherwise do nothing.
+
+    The fault stands for a one-off failure (a lost node, a killed process): under torchrun it fires in the first
+    attempt only (TORCHELASTIC_RESTART_COUNT 0), so that a restarted job (--max-restarts) can show the recovery.
+    """
     if cfg.fault_rank != rank or cfg.fault_step != step:
+        return
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
     if cfg.fault_kind == "kill":
         os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows has no SIGKILL

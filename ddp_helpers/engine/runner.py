@@ -7,6 +7,7 @@ import time
 from typing import Callable, List, Optional
 
 from . import worker
+from .checkpoint import resolve_resume
 from .config import TrainConfig, default_threads
 from ..data import load_data
 from .job import Job, check_job
@@ -76,6 +77,7 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     (e.g. to drive widgets); it runs between polls, so keep it quick.
     """
     cfg = (cfg or TrainConfig()).replace(**overrides) if overrides else (cfg or TrainConfig())
+    cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
     backend, start_step = check_job(cfg)
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
