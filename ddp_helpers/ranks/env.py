@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # LOCAL_RANK, LOCAL_WORLD_SIZE: one node if unset
 
@@ -51,3 +51,17 @@ def launched_env(rank: int, world_size: int, host: str, port: int, run_id: str) 
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What launch() tells every rank besides its function (stdlib only: a spawned rank unpickles it before its
+    parent watch runs, so importing torch here would leave a rank alive seconds after a killed parent)."""
+
+    env: Dict[str, str]  # torchrun's variables, but RANK and LOCAL_RANK (set per rank)
+    log_dir: str
+    backend: str
+    timeout_s: float
+    threads: int
+    bind_cores: Optional[bool]
+    init_group: bool

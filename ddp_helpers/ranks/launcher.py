@@ -15,10 +15,9 @@ from torch.multiprocessing.spawn import ProcessContext, ProcessException
 from ..engine.config import ConfigError, check_address, default_threads, resolve_backend
 from .boot import rank_main
 from .cleanup import EndOnSignals, new_log_dir
-from .env import launched_env
+from .env import RankSpec, launched_env
 from .payload import Deferred
 from .procs import binding_plan, kill_group
-from .rank import RankSpec
 from .report import RankFailedError, diagnose, raised_in_collective, read_reports
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .store import bind_listener, serve_store
@@ -147,7 +146,9 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
         p = ctx.Process(target=rank_main, args=(rank, spec, payload), name=f"ddp_helpers-rank{rank}", daemon=False)
         p.start()
         procs.append(p)
-    return ProcessContext(procs, [os.path.join(spec.log_dir, f"rank{r}.err") for r in range(world_size)])
+    context = ProcessContext(procs, [os.path.join(spec.log_dir, f"rank{r}.err") for r in range(world_size)])
+    context.forkserver_pid = _forkserver_pid() if method == "forkserver" else None  # whose death would end them
+    return context
 
 
 def _supervise(context: ProcessContext, method: str, log_dir: str, world_size: int,
@@ -182,22 +183,25 @@ def _supervise(context: ProcessContext, method: str, log_dir: str, world_size: i
 
 def _failure(first: int, context: ProcessContext, method: str, log_dir: str, world_size: int) -> RankFailedError:
     codes = [p.exitcode for p in context.processes]
-    return diagnose(first, codes, read_reports(log_dir, world_size), log_dir, _forkserver_died(method, codes))
+    server = getattr(context, "forkserver_pid", None)
+    return diagnose(first, codes, read_reports(log_dir, world_size), log_dir, _forkserver_died(method, codes, server))
 
 
-def _forkserver_died(method: str, codes: List[Optional[int]]) -> bool:
-    """True when the forkserver is gone: its ranks then all read as exit code 255 (popen_forkserver.poll)."""
-    if method != "forkserver" or 255 not in codes:
-        return False
+def _forkserver_pid() -> Optional[int]:
     import multiprocessing.forkserver as fs
 
+    return getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
+
+
+def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[int]) -> bool:
+    """True when the forkserver that forked the ranks is gone: they then read as exit code 255
+    (popen_forkserver.poll), whether the server is a zombie, reaped, or already replaced by a new one."""
+    if method != "forkserver" or 255 not in codes or server is None:
+        return False
     import psutil
 
-    pid = getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
-    if pid is None:
-        return False
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return _forkserver_pid() != server or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
-from typing import Any
+from typing import Any, Dict, Optional
 
 SHARE_ARRAYS_FROM = 16 * 2**20  # NumPy arrays this large travel through shared memory, not one copy per rank
 
@@ -15,21 +15,25 @@ def _readonly_array(tensor: Any) -> Any:
     return array
 
 
-def _reduce_ndarray(array: Any) -> Any:
-    """Large arrays as shared-memory tensors (one copy for all ranks); the rest as pickle writes them."""
-    import numpy as np
-    import torch
+def _reducer(shared: Dict[int, Any]):
+    """Large arrays as shared-memory tensors, one copy for all ranks (kept alive in `shared` until the ranks have
+    mapped them); the rest as pickle writes them."""
+    def reduce(array: Any) -> Any:
+        import numpy as np
+        import torch
 
-    if array.nbytes >= SHARE_ARRAYS_FROM and array.dtype.kind in "biufc":
-        try:
-            shared = torch.from_numpy(np.ascontiguousarray(array)).share_memory_()
-        except TypeError:  # a dtype torch can't hold
-            return array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        return _readonly_array, (shared,)
-    return array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        if array.nbytes >= SHARE_ARRAYS_FROM and array.dtype.kind in "biufc":
+            if id(array) not in shared:
+                try:
+                    shared[id(array)] = (array, torch.from_numpy(np.ascontiguousarray(array)).share_memory_())
+                except TypeError:  # a dtype torch can't hold
+                    return array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            return _readonly_array, (shared[id(array)][1],)
+        return array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return reduce
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: Any, shared: Optional[Dict[int, Any]] = None) -> bytes:
     """Pickle obj for a rank: functions from __main__ (a notebook cell) by value with cloudpickle, torch's
     shared-memory tensors as handles (multiprocessing's reducers, which torch registers), large NumPy arrays
     as shared memory (read-only in the ranks), the rest as pickle does."""
@@ -38,8 +42,8 @@ def dumps(obj: Any) -> bytes:
     from multiprocessing.reduction import ForkingPickler
 
     class RankPickler(cloudpickle.Pickler):
-        dispatch_table = collections.ChainMap({np.ndarray: _reduce_ndarray}, ForkingPickler._extra_reducers,
-                                              cloudpickle.Pickler.dispatch_table)
+        dispatch_table = collections.ChainMap({np.ndarray: _reducer({} if shared is None else shared)},
+                                              ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table)
 
     buf = io.BytesIO()
     RankPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
@@ -52,10 +56,11 @@ class Deferred:
 
     def __init__(self, value: Any):
         self.value, self.blob = value, None
+        self.shared: Dict[int, Any] = {}  # the arrays sent through shared memory, alive as long as the launch
 
     def __reduce__(self):
-        # Called while the process starts (spawn, forkserver), so the tensors' file handles travel with it.
-        return _deferred_from_blob, (dumps(self.value),)
+        # Called while each process starts (spawn, forkserver), so the tensors' file handles travel with it.
+        return _deferred_from_blob, (dumps(self.value, self.shared),)
 
     def get(self) -> Any:
         """The value (unpickled on first use)."""

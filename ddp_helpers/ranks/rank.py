@@ -11,13 +11,12 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from .env import RankEnv
+from .env import RankEnv, RankSpec
 from .procs import bind_this_thread, binding_plan, kill_descendants
 from .report import error_report, value_report, write_report
 
@@ -98,19 +97,6 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
         return fn(env.rank, env.world_size, *args)
     finally:
         dist.destroy_process_group()
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What launch() tells every rank besides its function."""
-
-    env: Dict[str, str]  # torchrun's variables, but RANK and LOCAL_RANK (set per rank)
-    log_dir: str
-    backend: str
-    timeout_s: float
-    threads: int
-    bind_cores: Optional[bool]
-    init_group: bool
 
 
 def _quiet_child(log_path: str) -> None:
