@@ -87,3 +87,22 @@ def test_a_rank_ended_while_reporting_a_large_result_does_not_hang_the_parent():
         launch(_big_result_while_the_peer_fails, 2, init_group=False)
     assert info.value.rank == 1 and "rank 1 fails first" in str(info.value)
     assert time.monotonic() - t0 < 30
+
+
+def _as_under_torchrun(rank: int, world_size: int):
+    import os
+
+    seen = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    dist.init_process_group("gloo")  # no arguments: env://, exactly as a torchrun script
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return seen, t.item()
+
+
+def test_a_launched_function_reads_torchruns_variables_and_joins_with_no_arguments():
+    out = launch(_as_under_torchrun, 2, init_group=False)
+    assert [seen["RANK"] for seen, _ in out] == ["0", "1"] and [seen["LOCAL_RANK"] for seen, _ in out] == ["0", "1"]
+    assert all(seen["WORLD_SIZE"] == seen["LOCAL_WORLD_SIZE"] == "2" and seen["MASTER_ADDR"] == "127.0.0.1"
+               for seen, _ in out)
+    assert [total for _, total in out] == [2.0, 2.0]
