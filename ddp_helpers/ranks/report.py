@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
@@ -56,7 +55,6 @@ class Report:
     """One rank's last word: its value (pickled), or its error."""
 
     ok: bool
-    time: float
     value: Optional[bytes] = None  # pickle of the returned value
     error: Optional[bytes] = None  # pickle of the exception, None if it can't be pickled
     traceback_text: str = ""
@@ -76,7 +74,7 @@ def _write_pickle(path: str, obj: Any) -> None:
 
 def value_report(value: Any) -> Report:
     """The report of a rank that returned."""
-    return Report(True, time.time(), value=pickle.dumps(value))
+    return Report(True, value=pickle.dumps(value))
 
 
 def error_report(e: BaseException) -> Report:
@@ -86,7 +84,7 @@ def error_report(e: BaseException) -> Report:
         pickle.loads(payload)
     except Exception:  # noqa: BLE001 - unpicklable exceptions are sent as text only
         payload = None
-    return Report(False, time.time(), error=payload, traceback_text=traceback.format_exc(),
+    return Report(False, error=payload, traceback_text=traceback.format_exc(),
                   text=f"{type(e).__name__}: {e}", in_collective=raised_in_collective(e))
 
 
@@ -114,7 +112,7 @@ def log_tail(log_dir: str, rank: int, n: int = 2000) -> str:
 def diagnose(first: int, codes: Sequence[Optional[int]], reports: Dict[int, Report], log_dir: str,
              server_died: bool = False) -> RankFailedError:
     """The rank to blame, in this order: one killed by a signal of its own, one that exited without reporting,
-    the first to raise outside a collective, one the others waited for in vain, the first to raise at all."""
+    the lowest that raised outside a collective, one the others waited for in vain, the lowest that raised."""
     errors = {r: rep for r, rep in reports.items() if not rep.ok}
     others = [f"rank {r}: {rep.text}" for r, rep in sorted(errors.items())]
     killed = _killed(first, codes, errors)
@@ -128,14 +126,14 @@ def diagnose(first: int, codes: Sequence[Optional[int]], reports: Dict[int, Repo
     if not errors:
         return RankFailedError(first, f"process exited with code {codes[first]} without reporting",
                                log_tail=log_tail(log_dir, first), others=others)
-    own = sorted((rep.time, r) for r, rep in errors.items() if not rep.in_collective)
+    own = sorted(r for r, rep in errors.items() if not rep.in_collective)
     silent = [r for r in range(len(codes)) if r not in reports]
     if not own and silent:
         r = silent[0]
         return RankFailedError(r, "stopped responding: the other ranks timed out waiting for it in a collective "
                                   "(a hang, a deadlock, or a rank that skipped a collective); it was then terminated",
                                log_tail=log_tail(log_dir, r), others=others)
-    r = (own or sorted((rep.time, r) for r, rep in errors.items()))[0][1]
+    r = own[0] if own else min(errors)  # the lowest rank, not the first in time: the same answer on every run
     return _raised(r, errors[r], others)
 
 
