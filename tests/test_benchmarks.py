@@ -84,6 +84,7 @@ def _table(stdout: str) -> dict:
     return {c[0]: c[1:] for c in cells[1:]}
 
 
+@pytest.mark.slow
 def test_allreduce_latency_prints_one_row_per_collective():
     out = _bench("allreduce_latency.py", "--iters", "5", "--rounds", "1", "--markdown", timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -104,6 +105,7 @@ def test_allreduce_latency_refuses_bad_counts(monkeypatch, capsys):
     assert code == 2 and "--iters and --rounds must be at least 1" in err, err
 
 
+@pytest.mark.slow
 def test_bench_pipelines_prints_every_configuration_and_the_targets():
     # The default start method (a forkserver with torch preloaded) instead of the script's spawn: the table and
     # the targets are the same code either way, and five spawned pairs of ranks importing torch cost ~80% of it.
@@ -150,6 +152,7 @@ def test_memory_sampler_reads_meminfo_and_sees_an_allocation():
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
                     reason="no per-thread scheduler statistics in this kernel")
 @pytest.mark.skipif(not os.path.isdir(DEBIAN_FASHION_DIR), reason="Debian's dataset-fashion-mnist not installed")
+@pytest.mark.slow
 def test_thread_times_accounts_for_each_kind_of_thread():
     out = _bench("thread_times.py", "--runs", "1", "--markdown", timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -169,6 +172,7 @@ def test_thread_times_refuses_bad_counts(monkeypatch, capsys):
     assert code == 2 and "--runs must be at least 1" in err, err
 
 
+@pytest.mark.slow
 def test_step_warmth_times_each_gap_kind_and_phase():
     out = _bench("step_warmth.py", "--gaps", "0,2", "--steps", "40", "--rounds", "2", "--markdown", timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -197,6 +201,7 @@ def test_step_warmth_refuses_bad_settings(args, message, monkeypatch, capsys):
     assert code == 2 and message in err, err
 
 
+@pytest.mark.slow
 def test_startup_prints_every_call_and_the_targets():
     out = _bench("startup.py", "--calls", "2", "--checks", "2", "--reading-s", "0", "--setup-rounds", "1",
                  "--markdown", timeout=300)

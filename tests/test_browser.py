@@ -264,6 +264,7 @@ def _as_cell(fn, name: str) -> str:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_control_panel_notebook_in_jupyterlab(tmp_path, capsys):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     n_code = len(_code_cells(NOTEBOOK))
@@ -311,6 +312,7 @@ def test_control_panel_notebook_in_jupyterlab(tmp_path, capsys):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_student_fills_a_blank_in_the_browser(tmp_path, capsys):
     """A learner's path: solve one blank, get another wrong, Run All, read the checks' verdicts."""
     from ddp_helpers.exercises import EXERCISES

@@ -48,6 +48,7 @@ def _cli(args, cwd, **kw):
                           capture_output=True, text=True, timeout=180, **kw)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path, small_run):
     out = tmp_path / "run"
     p = _cli(["--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--out", str(out)], tmp_path)
@@ -60,6 +61,7 @@ def test_cli_end_to_end(tmp_path, small_run):
     assert res.ranks[0].param_fingerprint == small_run.ranks[0].param_fingerprint  # same config, same run
 
 
+@pytest.mark.slow
 def test_cli_bad_flag_value_is_a_clear_error(tmp_path):
     p = _cli(["--batch-size", "0", "--out", str(tmp_path / "x")], tmp_path)
     assert p.returncode == 2
@@ -102,6 +104,7 @@ def test_cli_errors_name_flags_not_fields(flags, expected, tmp_path, capsys):
     assert not FIELD_WORDS.search(err) and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_cli_errors_name_flags_in_a_real_process(tmp_path):
     p = _cli(["--dataset", "mnist-5k", "--resume-from", str(tmp_path), "--out", str(tmp_path / "o")], tmp_path)
     assert p.returncode == 2 and p.stdout == "", p.stderr
@@ -129,6 +132,7 @@ def test_as_flags_translates_fields_to_flags(message, expected):
     assert as_flags(message) == expected
 
 
+@pytest.mark.slow
 def test_cli_failure_keeps_partial_metrics(tmp_path):
     out = tmp_path / "run"
     p = _cli(["--dataset", "mnist-5k", "--max-steps", "8", "--fault-rank", "1", "--fault-step", "4",
@@ -141,6 +145,7 @@ def test_cli_failure_keeps_partial_metrics(tmp_path):
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this Python")
+@pytest.mark.slow
 def test_torchrun_gives_the_same_run(tmp_path, small_run):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     out = tmp_path / "tr"
@@ -156,6 +161,7 @@ def test_torchrun_gives_the_same_run(tmp_path, small_run):
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this Python")
+@pytest.mark.slow
 def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
     """Two torchrun agents on this machine stand in for two nodes: RANK differs, LOCAL_RANK is 0 on both."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
@@ -220,6 +226,7 @@ def _mnist_downloadable() -> bool:
 
 
 @pytest.mark.parametrize("folder", ["missing", "empty"])
+@pytest.mark.slow
 def test_cli_explicit_data_root_without_mnist_is_exit_2(folder, tmp_path):
     """`--data-root ~/data/MNIST_dta` (a typo, no MNIST there) is an error, not 4,000 other digits and exit 0."""
     if _mnist_downloadable():

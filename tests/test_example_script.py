@@ -85,6 +85,7 @@ def test_write_mnist_refuses_the_listings_folder_and_other_mnists(tmp_path, mnis
         D.write_mnist(str(tmp_path / "legacy"))
 
 
+@pytest.mark.slow
 def test_write_mnist_command_line(tmp_path):
     p = _run([sys.executable, "-m", "ddp_helpers.data", "write-mnist", str(tmp_path / "five_k")], tmp_path)
     assert p.returncode == 0, p.stderr
@@ -93,6 +94,7 @@ def test_write_mnist_command_line(tmp_path):
     assert p.returncode == 1 and "listing's MNIST folder" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_script_with_mp_spawn_matches_run_training(tmp_path, mnist5k_root, engine_run):
     saved = tmp_path / "final.pt"
     p = _run([sys.executable, str(SCRIPT), "--world-size", "2", "--data-root", str(mnist5k_root),
@@ -102,6 +104,7 @@ def test_script_with_mp_spawn_matches_run_training(tmp_path, mnist5k_root, engin
     assert 0 < len(batch_lines) <= 2 * EPOCHS  # rank 0 logs now and then (32 batches an epoch), not every batch
 
 
+@pytest.mark.slow
 def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engine_run):
     saved = tmp_path / "final.pt"
     p = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
@@ -109,6 +112,7 @@ def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engi
     _check_against_engine(p, saved, engine_run)
 
 
+@pytest.mark.slow
 def test_script_offline_without_data_names_the_fix(tmp_path):
     p = _run([sys.executable, str(SCRIPT), "--data-root", str(tmp_path / "empty")], tmp_path)
     assert p.returncode == 1

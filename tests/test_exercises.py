@@ -241,6 +241,7 @@ def test_summary_counts_passes():
                                                "c                  try again", "1 of 3 exercises pass"]
 
 
+@pytest.mark.slow
 def test_solved_notebook_passes_in_a_real_kernel(tmp_path):
     """The blanks replaced by the solutions, run in a Jupyter kernel: fork really runs cell-defined functions."""
     nbformat = pytest.importorskip("nbformat")

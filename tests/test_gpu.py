@@ -12,6 +12,7 @@ needs_gpu = pytest.mark.skipif(N_GPUS == 0, reason="no CUDA GPU on this machine"
 
 
 @needs_gpu
+@pytest.mark.slow
 def test_auto_backend_uses_nccl_on_gpus():
     world = min(2, N_GPUS)
     res = run_training(TrainConfig(dataset="mnist-5k", world_size=world, max_steps=8), progress=False)
@@ -23,6 +24,7 @@ def test_auto_backend_uses_nccl_on_gpus():
 
 
 @needs_gpu
+@pytest.mark.slow
 def test_more_ranks_than_gpus_fall_back_to_gloo_with_auto():
     res = run_training(TrainConfig(dataset="mnist-5k", world_size=N_GPUS + 1, max_steps=2, threads_per_rank=1),
                        progress=False)

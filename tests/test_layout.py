@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ddp_helpers"
 
 
@@ -86,6 +88,7 @@ def test_one_init_process_group_call_in_the_package():
     assert len(calls) == 1 and calls[0].startswith("ranks/rank.py:"), calls
 
 
+@pytest.mark.slow
 def test_importing_every_module_starts_no_thread():
     modules = sorted(m for m in _graph() if not m.endswith("__main__"))
     code = ("import importlib, threading, sys\n"

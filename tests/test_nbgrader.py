@@ -51,6 +51,7 @@ def _feedback(course: Path, student: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
+@pytest.mark.slow
 def test_committed_student_notebook_is_the_generated_release(course):
     release = nbformat.read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK, as_version=4)
     committed = nbformat.read(grading.STUDENT_NOTEBOOK, as_version=4)
@@ -59,6 +60,7 @@ def test_committed_student_notebook_is_the_generated_release(course):
     assert cells[0] == cells[1], "notebooks/exercises/exercises.ipynb differs from the release: run make assignment"
 
 
+@pytest.mark.slow
 def test_release_has_blanks_and_no_solutions_or_hidden_tests(course):
     release = nbformat.read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK, as_version=4)
     text = "\n".join(c.source for c in release.cells if c.cell_type == "code")
@@ -93,11 +95,13 @@ def test_every_check_cell_has_points_and_a_hidden_test_at_another_world_size():
         assert _nbgrader(cell)["points"] > 0
 
 
+@pytest.mark.slow
 def test_solutions_get_full_marks(course):
     score, best = grading.scores(course)["sample-solved"]
     assert best == sum(_points().values()) and score == best
 
 
+@pytest.mark.slow
 def test_blank_release_gets_zero(course):
     assert grading.scores(course)["sample-blank"][0] == 0
     assert "NOT DONE YET" in _feedback(course, "sample-blank")
@@ -107,6 +111,7 @@ def test_blank_release_gets_zero(course):
     ("sample-sum-not-mean", "global_mean", "no_divide", [n for n in EXERCISES if n != "global_mean"]),
     ("sample-no-set-epoch", "make_loader", "no_set_epoch", ["init_group", "global_mean", "shard_indices"]),
 ])
+@pytest.mark.slow
 def test_wrong_answers_get_partial_marks_and_the_hint(course, student, exercise_name, mistake, solved):
     points = _points()
     assert grading.scores(course)[student][0] == sum(points[f"check_{n}"] for n in solved)

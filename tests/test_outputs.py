@@ -76,6 +76,7 @@ def test_estimate_bounds_what_a_run_writes(small_cfg, small_run, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ refused up front
+@pytest.mark.slow
 def test_full_out_is_refused_before_training(small_disk, tmp_path):
     disk = small_disk("200k")
     env = {**ENV, "TMPDIR": str(tmp_path)}  # a started rank would leave its log folder here
@@ -110,6 +111,7 @@ def _cli_filling(disk, tmp_path, leave: int, extra=()):
     return p.returncode, out, err
 
 
+@pytest.mark.slow
 def test_disk_full_after_training_keeps_the_result_and_says_where(small_disk, tmp_path):
     disk = small_disk("4m")
     code, out, err = _cli_filling(disk, tmp_path, leave=0)
@@ -124,6 +126,7 @@ def test_disk_full_after_training_keeps_the_result_and_says_where(small_disk, tm
     assert os.listdir(disk / "run") == [], "no half-written file left in --out"
 
 
+@pytest.mark.slow
 def test_plot_that_no_longer_fits_keeps_result_json(small_disk, tmp_path):
     disk = small_disk("4m")
     code, out, err = _cli_filling(disk, tmp_path, leave=480_000)  # result.json (~380 KB) fits, not all 3 plots

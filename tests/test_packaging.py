@@ -87,6 +87,7 @@ def test_floor_check_asks_for_everything_make_env_installs():
         check.floor(">=3.9,<4")
 
 
+@pytest.mark.slow
 def test_rank_import_stays_light():
     """A spawned rank imports ddp_helpers.engine.worker: it must not drag in matplotlib, torchvision or widgets."""
     code = ("import sys, ddp_helpers.engine.worker, ddp_helpers.ranks.launcher; "
@@ -164,6 +165,7 @@ def test_no_notebook_cell_reads_above_its_folder():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
     """Build the wheel, install it into a folder outside the repo, run its console script from there.
 

@@ -91,6 +91,7 @@ PARENT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("method, delay", [("auto", 0.3), ("auto", 6.0), ("spawn", 0.3), ("spawn", 6.0)])
+@pytest.mark.slow
 def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
@@ -116,6 +117,7 @@ SLOW_PRELOAD_PARENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_forkserver_still_preloading_ends_with_its_killed_launcher(tmp_path):
     (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(30)\n")
     script = tmp_path / "parent.py"
@@ -148,6 +150,7 @@ WARM_UP_THEN_LAUNCH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_warm_up_starts_the_server_before_torch_is_imported_and_the_launch_uses_it():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", WARM_UP_THEN_LAUNCH], capture_output=True, text=True, cwd=root,

@@ -37,6 +37,7 @@ def _env(tmp_path) -> dict:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.slow
 def test_a_signal_to_the_parent_stops_the_ranks_and_removes_the_log_folder(tmp_path, sig):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
@@ -85,6 +86,7 @@ def _torchrun(tmp_path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path), timeout=240)
 
 
+@pytest.mark.slow
 def test_a_torchrun_resume_with_other_settings_is_refused(tmp_path):
     ck = tmp_path / "ck"
     run_training(SMALL.replace(max_steps=4, checkpoint_dir=str(ck), momentum=0.9), progress=False)
@@ -112,6 +114,7 @@ def _mount_tmpfs(path, options: str) -> None:
         pytest.skip(f"can't mount a tmpfs here ({done.stderr.decode().strip()}); needs root")
 
 
+@pytest.mark.slow
 def test_an_output_folder_that_cant_be_written_is_refused_before_training(tmp_path):
     (tmp_path / "file").write_text("x")
     ro = tmp_path / "ro"

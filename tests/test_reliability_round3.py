@@ -48,6 +48,7 @@ def _waits_long(rank: int, world_size: int):
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_a_killed_forkserver_is_named_and_the_next_launch_starts_a_new_one():
     import multiprocessing.forkserver as fs
 
@@ -107,6 +108,7 @@ KERNEL_CELL = textwrap.dedent("""
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_sigterm_to_a_jupyter_kernel_mid_run_ends_the_kernel_and_its_ranks(tmp_path):
     from jupyter_client.manager import KernelManager
 
@@ -163,6 +165,7 @@ HARD_KILLED = textwrap.dedent("""
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_what_a_hard_killed_launch_left_is_gone_after_the_next_launch(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     script = tmp_path / "parent.py"

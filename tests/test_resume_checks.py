@@ -142,6 +142,7 @@ def _cli(args, cwd):
 
 
 @pytest.mark.parametrize("kind", ["text", "other-shape"])
+@pytest.mark.slow
 def test_cli_bad_checkpoint_is_one_line_and_exit_2(kind, tmp_path):
     path = _write(tmp_path / f"ckpt-{kind}.pt", kind)
     p = _cli(["--dataset", "mnist-5k", "--max-steps", "12", "--resume-from", path, "--out", str(tmp_path / "o")],
@@ -185,6 +186,7 @@ def _assert_unreadable_named(line: str, path: str) -> None:
                     "--resume-from to start over"), line
 
 
+@pytest.mark.slow
 def test_cli_unreadable_checkpoint_is_one_line_and_exit_2(unreadable_checkpoint, tmp_path):
     cmd = [sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--max-steps", "12",
            "--resume-from", unreadable_checkpoint, "--out", str(tmp_path / "o")]
@@ -196,6 +198,7 @@ def test_cli_unreadable_checkpoint_is_one_line_and_exit_2(unreadable_checkpoint,
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this Python")
+@pytest.mark.slow
 def test_torchrun_unreadable_checkpoint_is_named_by_every_rank(unreadable_checkpoint, tmp_path):
     """Under torchrun each rank runs check_job itself: each says so in one line and exits 2 (torchrun then 1)."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))

@@ -58,6 +58,7 @@ def dropout_runs(tmp_path, monkeypatch):
     return full, ck
 
 
+@pytest.mark.slow
 def test_a_crashed_dropout_run_resumes_bitwise_exactly(dropout_runs):
     full, ck = dropout_runs
     latest = latest_checkpoint(str(ck))
@@ -70,6 +71,7 @@ def test_a_crashed_dropout_run_resumes_bitwise_exactly(dropout_runs):
     assert np.array_equal(resumed.final_params, full.final_params)
 
 
+@pytest.mark.slow
 def test_without_the_saved_states_the_dropout_resume_drifts(dropout_runs, tmp_path):
     full, ck = dropout_runs
     ckpt = load_checkpoint(latest_checkpoint(str(ck)))

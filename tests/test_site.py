@@ -79,6 +79,7 @@ def _pages(site: Path) -> Dict[Path, _Page]:
     return {p: _parse(p) for p in sorted(site.rglob("*.html"))}
 
 
+@pytest.mark.slow
 def test_every_notebook_has_a_page_in_name_order(site):
     names = _notebooks()
     assert names, "no notebooks found"
@@ -94,6 +95,7 @@ def test_every_notebook_has_a_page_in_name_order(site):
     assert "benchmarks.html" in [v for _, _, v in index.refs], "docs/benchmarks.md is not in the site"
 
 
+@pytest.mark.slow
 def test_every_internal_link_and_image_resolves(site):
     pages = _pages(site)
     broken, checked = [], 0
@@ -116,6 +118,7 @@ def test_every_internal_link_and_image_resolves(site):
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:30])
 
 
+@pytest.mark.slow
 def test_nothing_is_loaded_from_the_network(site):
     """Scripts, style sheets, images and fonts all come from the site's own files (it works offline)."""
     remote = []
@@ -129,6 +132,7 @@ def test_nothing_is_loaded_from_the_network(site):
     assert not remote, "the site loads from the network:\n" + "\n".join(remote)
 
 
+@pytest.mark.slow
 def test_widget_outputs_are_drawn_without_javascript(site):
     """Notebooks that store widget state show it as static HTML: no CDN bundle, no unrendered widget script."""
     pages = [site / "notebooks" / f"{n}.html" for n in _notebooks()
@@ -159,6 +163,7 @@ def _figure_page(site: Path) -> Path:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_page_in_headless_chromium(site, capsys):
     """A notebook page drawn by Chromium from file://: its figures load, it is not blank, no line is clipped."""
     sync_api = _browser_modules()

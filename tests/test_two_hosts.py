@@ -70,6 +70,7 @@ def _finish(procs, timeout_s: float):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_two_hosts_train_with_the_interface_that_routes_to_the_master(two_hosts, tmp_path):
     """No GLOO_SOCKET_IFNAME: gloo would advertise 127.0.0.1 (the hostname's address); the ranks pick the veth."""
     procs = [_start(n, tmp_path / f"node{n}", {}) for n in (0, 1)]
@@ -80,6 +81,7 @@ def test_two_hosts_train_with_the_interface_that_routes_to_the_master(two_hosts,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_ranks_waiting_for_a_host_that_cant_be_reached_give_up_at_timeout_and_say_why(two_hosts, tmp_path):
     """Every rank advertises loopback (GLOO_SOCKET_IFNAME=lo, what the hostname's 127.0.0.1 gave before the
     interface was chosen): node 1's ranks fail to connect, and node 0's ranks, which torch's gloo leaves waiting
