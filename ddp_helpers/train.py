@@ -222,10 +222,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not torchrun or os.environ["RANK"] == "0":  # the process that will write the results
             _check_out(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
         if torchrun:
-            from torch.distributed.elastic.multiprocessing.errors import record
+            from .ranks.torchrun_errors import record_atomically
 
-            # record: an error leaves torchrun's error file, so the agent names this rank's traceback as root cause
-            result = record(run_torchrun)(cfg, args.out, not args.no_plots)
+            # elastic's @record: an error leaves torchrun's error file, so the agent names this rank's traceback
+            # as root cause (written by rename: the agent may SIGTERM this rank while it writes)
+            result = record_atomically(run_torchrun)(cfg, args.out, not args.no_plots)
             if result is None:
                 return 0
         else:

@@ -38,8 +38,11 @@ def _affinities(rank, world_size):
     others = {}
     for tid in os.listdir("/proc/self/task"):
         if int(tid) != __import__("threading").get_native_id():
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                others[fh.read().strip()] = os.sched_getaffinity(int(tid))
+            try:  # a short-lived thread (torch's, a logger's) may end between the listing and the read
+                with open(f"/proc/self/task/{tid}/comm") as fh:
+                    others[fh.read().strip()] = os.sched_getaffinity(int(tid))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
     return sorted(me), {k: sorted(v) for k, v in others.items()}
 
 
