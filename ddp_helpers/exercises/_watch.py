@@ -1,4 +1,5 @@
-"""Recorders for inside a rank: what the learner's code did (its all_reduces, DDP forwards and backwards, seeds).
+"""Recorders for inside a rank: what the learner's code did (its all_reduces and other collectives, DDP forwards
+and backwards, seeds, any call a check patches).
 
 A hint must name the mistake made, not the first symptom of it: an unchanged gradient comes from no all_reduce
 at all, or from an all_reduce of a copy; an all-reduce per micro-batch from no no_sync() at all, or from a
