@@ -225,3 +225,17 @@ def test_the_collective_watcher_records_the_learners_calls_only():
     records = launch(_gathered_twice, 2, threads_per_rank=1)[0]
     assert records == [("all_gather_object", None, None, None), ("all_reduce", "MAX", 3, "float64"),
                        ("barrier", None, None, None)]
+
+
+def test_a_file_read_before_the_barrier_is_not_called_a_missing_barrier():
+    """The barrier is there and the load comes after it, but from bytes read before it: the hint says so."""
+    import io
+
+    def load_checkpoint(path, device):
+        with open(path, "rb") as f:
+            data = f.read()  # the old file's bytes, read before waiting
+        dist.barrier()
+        return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+
+    result = PRACTICE_EXERCISES["load_checkpoint"](load_checkpoint, quiet=True)
+    assert result.mistake == "stale_file" and "although rank 0 had written" in result.detail, result.detail

@@ -24,7 +24,8 @@ from ._watch import patched, watch_collectives
 
 OLD_STEP, NEW_STEP = 10, 20  # the checkpoint already at `path`, and the one rank 0 writes during the check
 FILE_NAME = "checkpoint.pt"
-LATE_WRITE_S = 3.0  # rank 0 writes at the latest this long after it starts waiting for the others
+START_WAIT_S = 20.0  # rank 0 waits this long at most for the other ranks' processes to start (a busy machine)
+LATE_WRITE_S = 3.0  # then writes at the latest this long after (under the 8 s a peer's collective waits for it)
 WORLD_SIZE = 2
 SAVED_ON = "cuda:0"
 CUDA_ERROR = "deserialize object on a CUDA device"  # torch.load's error for a cuda storage without a GPU
@@ -34,6 +35,7 @@ NUDGES = {
                   "until rank 0 has finished writing?",
     "barrier_after_load": "a rank loaded an older checkpoint than the one rank 0 was writing: look at the order "
                           "of the lines in your function.",
+    "stale_file": "a rank loaded an older checkpoint than the one rank 0 had written: what did it load from?",
     "no_map_location": "torch.load put the tensors back where the saving job had them: look at torch.load's "
                        "arguments.",
     "unmapped_location": "your map_location left some of the tensors where the saving job had them.",
@@ -86,12 +88,16 @@ def _report(value: Any) -> Dict[str, Any]:
             "fingerprint": fingerprint([t.cpu() for t in model]) if real else None}
 
 
-def _late_write(folder: str, world_size: int) -> None:
-    """Rank 0: write the new checkpoint once every other rank has looked or is waiting, at most LATE_WRITE_S."""
-    others = [os.path.join(folder, f"looked-{r}") for r in range(1, world_size)]
-    deadline = time.monotonic() + LATE_WRITE_S
-    while not all(os.path.exists(m) for m in others) and time.monotonic() < deadline:
+def _wait_for(paths: List[str], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+def _late_write(folder: str, world_size: int) -> None:
+    """Rank 0: write the new checkpoint once every other rank has started, then looked or is waiting."""
+    _wait_for([os.path.join(folder, f"started-{r}") for r in range(1, world_size)], START_WAIT_S)
+    _wait_for([os.path.join(folder, f"looked-{r}") for r in range(1, world_size)], LATE_WRITE_S)
     write(os.path.join(folder, FILE_NAME), NEW_STEP)
     open(os.path.join(folder, "written"), "w").close()
 
@@ -99,15 +105,18 @@ def _late_write(folder: str, world_size: int) -> None:
 def _in_rank(rank: int, world_size: int, student_fn: Callable, folder: str) -> Dict[str, Any]:
     """In each rank: the learner's load of the late-written file (on cpu), then of a written one (on meta)."""
     race = os.path.join(folder, "race")
-    events: List[Dict[str, Any]] = []  # the learner's collectives and loads, in order
+    events: List[Dict[str, Any]] = []  # the learner's collectives and loads, in order, each with its case
+    case = ["race"]
+    open(os.path.join(race, f"started-{rank}"), "a").close()
 
-    def looked(*_: Any) -> None:  # this rank has loaded or is waiting: rank 0 may write now
+    def looked(record: Optional[Dict[str, Any]] = None) -> None:  # this rank loaded or waits: rank 0 may write
+        if record is not None:
+            record["case"] = case[0]
         open(os.path.join(race, f"looked-{rank}"), "a").close()
 
     def wrap_load(real: Callable) -> Callable:
         def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-            where = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else "<file object>"
-            events.append({"kind": "load", "race": where.startswith(race), "map_location": _shown(map_location),
+            events.append({"kind": "load", "case": case[0], "map_location": _shown(map_location),
                            "written": os.path.exists(os.path.join(race, "written"))})
             try:
                 return real(f, map_location, *args, **kwargs)
@@ -122,6 +131,7 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable, folder: str) -> D
         out: Dict[str, Any] = {"events": events}
         for key, args in (("race", (os.path.join(race, FILE_NAME), torch.device("cpu"))),
                           ("meta", (os.path.join(folder, "meta", FILE_NAME), torch.device("meta")))):
+            case[0] = key
             call = call_student(student_fn, *args)
             looked()  # done, or failed (a blank raises at once): rank 0 needn't wait for this rank any longer
             out[key] = _report(call.pop("value")) if call["status"] == "ok" else call
@@ -137,7 +147,7 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable, folder: str) -> D
 def _function_cannot_reach_meta(call: Dict[str, Any], events: List[Dict[str, Any]]) -> bool:
     """True when a map_location function failed only because a storage can't be moved to meta (torch 2.14's
     `storage.to(device="meta")` raises): such a function is tried on the cpu case only."""
-    loads = [e for e in events if e["kind"] == "load" and not e["race"]]
+    loads = [e for e in events if e["kind"] == "load" and e["case"] == "meta"]
     return (call["status"] == "error" and "device module is not loaded" in call["message"]
             and bool(loads) and loads[-1]["map_location"] == "a function")
 
@@ -152,9 +162,8 @@ def _shown(map_location: Any) -> str:
 
 
 def _race_events(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The events of the first call (the late-written checkpoint): those before the first load of the meta file."""
-    end = next((i for i, e in enumerate(events) if e["kind"] == "load" and not e["race"]), len(events))
-    return events[:end]
+    """The events of the first call (the late-written checkpoint)."""
+    return [e for e in events if e.get("case") == "race"]
 
 
 def _map_location_verdict(outs: List[Optional[Dict[str, Any]]]) -> Optional[Verdict]:
@@ -179,7 +188,15 @@ def _map_location_verdict(outs: List[Optional[Dict[str, Any]]]) -> Optional[Verd
 def _stale_verdict(r: int, events: List[Dict[str, Any]]) -> Verdict:
     """The verdict for rank r having loaded the old checkpoint: no barrier before its load, or one after it."""
     race = _race_events(events)
-    first_load = next(i for i, e in enumerate(race) if e["kind"] == "load")
+    first_load = next((i for i, e in enumerate(race) if e["kind"] == "load"), None)
+    if first_load is None:
+        return fail("stale_file", f"rank {r} returned the old checkpoint (step {OLD_STEP}), not the one rank 0 wrote "
+                                  f"(step {NEW_STEP}), without calling torch.load: load from `path`, after the "
+                                  "barrier.")
+    if race[first_load]["written"]:  # the new file was there: what was loaded was read, or opened, earlier
+        return fail("stale_file", f"rank {r} got the old checkpoint (step {OLD_STEP}) although rank 0 had written "
+                                  f"step {NEW_STEP} before this rank's torch.load: did it load a file opened, or a "
+                                  "copy made, before waiting? Load from `path` itself, after the barrier.")
     waits = [e["op"] for e in race[first_load:] if e["kind"] != "load"]
     if waits and not any(e["kind"] != "load" for e in race[:first_load]):
         return fail("barrier_after_load", f"rank {r} loaded the old checkpoint (step {OLD_STEP}) instead of the "
@@ -224,7 +241,7 @@ def _check_device(outs: List[Dict[str, Any]]) -> None:
         got = o["meta"]
         if got["kind"] != "checkpoint" or got["devices"] == ["meta"]:  # "untestable": a function, tried on cpu
             continue
-        loads = [e for e in o["events"][len(_race_events(o["events"])):] if e["kind"] == "load"]
+        loads = [e for e in o["events"] if e["kind"] == "load" and e["case"] == "meta"]
         given = f" (map_location was {loads[0]['map_location']})" if loads else ""
         raise fail("fixed_device", f"called with device=meta, rank {r} got its tensors on "
                                    f"{', '.join(got['devices'])}{given}: on a GPU rank the device is "
