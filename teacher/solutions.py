@@ -1,6 +1,7 @@
 """Correct answers to notebooks/exercises/exercises.ipynb, one function per exercise (same names and signatures).
 
-Below them, other correct answers (ALTERNATIVES), written the other ways learners write them.
+Below them, other correct answers (ALTERNATIVES), written the other ways learners write them; then the same
+(PRACTICE_SOLUTIONS, PRACTICE_ALTERNATIVES) for the checked exercises of lesson notebooks 11 and 12.
 Check them all with:  python -m teacher.solutions
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
+
+from ddp_helpers import fingerprint
 
 
 def init_group(rank: int, world_size: int, port: int) -> None:
@@ -194,10 +197,101 @@ ALTERNATIVES = {
     "save_checkpoint": [save_checkpoint_mkstemp],
 }
 
-if __name__ == "__main__":
-    from ddp_helpers.exercises import EXERCISES
 
-    answers = [(name, fn) for name, fn in SOLUTIONS.items()]
-    answers += [(name, fn) for name, fns in ALTERNATIVES.items() for fn in fns]
-    results = [EXERCISES[name](fn) for name, fn in answers]
+# --------------------------------------------------------------- the checked exercises of notebooks 11 and 12
+# Written in the lesson notebooks' Exercises sections; teacher/notebook_answers/11_*.md and 12_*.md explain them.
+def global_loss(local_loss: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """Notebook 11: the mean loss over every sample of every rank, weighted by samples, with one all-reduce."""
+    stats = torch.stack([local_loss.detach() * n_samples, torch.tensor(float(n_samples))])  # a new tensor
+    dist.all_reduce(stats)  # one round trip: (sum of all losses, number of all samples)
+    return stats[0] / stats[1]
+
+
+def load_checkpoint(path: str, device: torch.device) -> dict:
+    """Notebook 11: wait until rank 0 has written the checkpoint, then load it with every tensor on `device`."""
+    dist.barrier()  # rank 0 arrives only after writing: nobody reads an older file, or half of one
+    return torch.load(path, map_location=device, weights_only=True)  # every storage to this rank's device
+
+
+def replicas_agree(model: torch.nn.Module) -> bool:
+    """Notebook 12: True on every rank when every rank's parameters are bitwise equal, else False on every rank."""
+    prints = [None] * dist.get_world_size()
+    dist.all_gather_object(prints, fingerprint(model.parameters()))  # 8 bytes per rank, every bit hashed
+    return len(set(prints)) == 1
+
+
+PRACTICE_SOLUTIONS = {
+    "global_loss": global_loss,
+    "load_checkpoint": load_checkpoint,
+    "replicas_agree": replicas_agree,
+}
+
+
+def global_loss_float64(local_loss: torch.Tensor, n_samples: int) -> float:
+    """Notebook 11 with Python numbers in a float64 tensor, as the notebook's train_logging does, and a float."""
+    stats = torch.tensor([local_loss.item() * n_samples, n_samples], dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+    return (stats[0] / stats[1]).item()
+
+
+def global_loss_gathered(local_loss: torch.Tensor, n_samples: int) -> float:
+    """Notebook 11 with one all_gather of (loss, count) pairs, summed on every rank."""
+    mine = torch.tensor([local_loss.item(), float(n_samples)], dtype=torch.float64)
+    pairs = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(pairs, mine)
+    return sum(p[0] * p[1] for p in pairs).item() / sum(p[1] for p in pairs).item()
+
+
+def load_checkpoint_mapping(path: str, device: torch.device) -> dict:
+    """Notebook 11 with a mapping of rank 0's tag to this rank's device, and monitored_barrier (gloo)."""
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    return torch.load(path, map_location={"cuda:0": str(device)}, weights_only=True)
+
+
+def load_checkpoint_function(path: str, device: torch.device) -> dict:
+    """Notebook 11 with a map_location function: every storage moved to `device`."""
+    dist.barrier()
+    return torch.load(path, map_location=lambda storage, location: storage.to(device=device), weights_only=True)
+
+
+def load_checkpoint_broadcast(path: str, device: torch.device) -> dict:
+    """Notebook 11 with rank 0 alone reading the file (it wrote it) and sending it to the others."""
+    box = [torch.load(path, map_location=device, weights_only=True) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # the others wait here until rank 0 has loaded
+    return box[0]
+
+
+def replicas_agree_min_max(model: torch.nn.Module) -> bool:
+    """Notebook 12 with the fingerprint in an int64 tensor: its minimum and maximum over the ranks are equal."""
+    low = torch.tensor([fingerprint(model.parameters())], dtype=torch.int64)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    return bool(low == high)
+
+
+def replicas_agree_compare_to_rank0(model: torch.nn.Module) -> bool:
+    """Notebook 12 with rank 0's parameters broadcast, compared with torch.equal, and the verdicts combined."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    theirs = flat.clone()
+    dist.broadcast(theirs, src=0)
+    same = torch.tensor([int(torch.equal(theirs, flat))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)  # every rank learns whether any rank differs
+    return bool(same.item())
+
+
+PRACTICE_ALTERNATIVES = {
+    "global_loss": [global_loss_float64, global_loss_gathered],
+    "load_checkpoint": [load_checkpoint_mapping, load_checkpoint_function, load_checkpoint_broadcast],
+    "replicas_agree": [replicas_agree_min_max, replicas_agree_compare_to_rank0],
+}
+
+if __name__ == "__main__":
+    from ddp_helpers.exercises import EXERCISES, PRACTICE_EXERCISES
+
+    answers = [(EXERCISES[name], fn) for name, fn in SOLUTIONS.items()]
+    answers += [(EXERCISES[name], fn) for name, fns in ALTERNATIVES.items() for fn in fns]
+    answers += [(PRACTICE_EXERCISES[name], fn) for name, fn in PRACTICE_SOLUTIONS.items()]
+    answers += [(PRACTICE_EXERCISES[name], fn) for name, fns in PRACTICE_ALTERNATIVES.items() for fn in fns]
+    results = [check(fn) for check, fn in answers]
     raise SystemExit(0 if all(r.passed for r in results) else 1)

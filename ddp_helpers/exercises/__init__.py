@@ -6,6 +6,9 @@ an exercise's first failed check prints a nudge, the next ones the specific mist
 over). ``world_size=`` runs a check on another number of ranks (the graded hidden tests do). One module per
 exercise holds its check; ``_harness`` holds what they share (running the ranks, judging their reports),
 ``_watch`` the recorders of what the learner's code did inside a rank, ``_compare`` the comparisons.
+
+EXERCISES are the exercise notebook's (and the nbgrader assignment's); PRACTICE_EXERCISES the checked exercises
+at the end of lesson notebooks 11 (``global_loss``, ``load_checkpoint``) and 12 (``replicas_agree``).
 """
 from __future__ import annotations
 
@@ -14,9 +17,12 @@ from typing import Callable, Dict
 from ._harness import NOT_DONE, CheckResult, reset_hints, summarize
 from .accumulation import check_accumulation_step
 from .average_gradients import check_average_gradients
+from .global_loss import check_global_loss
 from .global_mean import check_global_mean
 from .init_group import check_init_group
+from .load_checkpoint import check_load_checkpoint
 from .make_loader import check_make_loader
+from .replicas_agree import check_replicas_agree
 from .save_checkpoint import check_save_checkpoint
 from .shard_indices import check_shard_indices
 
@@ -31,8 +37,16 @@ EXERCISES: Dict[str, Callable[..., CheckResult]] = {
     "save_checkpoint": check_save_checkpoint,
 }
 
+# The lesson notebooks' checked exercises, by notebook; the keys are the names of the functions the learner writes.
+PRACTICE_EXERCISES: Dict[str, Callable[..., CheckResult]] = {
+    "global_loss": check_global_loss,  # notebook 11
+    "load_checkpoint": check_load_checkpoint,  # notebook 11
+    "replicas_agree": check_replicas_agree,  # notebook 12
+}
+
 __all__ = [
-    "EXERCISES", "NOT_DONE", "CheckResult", "check_accumulation_step", "check_average_gradients",
-    "check_global_mean", "check_init_group", "check_make_loader", "check_save_checkpoint", "check_shard_indices",
-    "reset_hints", "summarize",
+    "EXERCISES", "NOT_DONE", "PRACTICE_EXERCISES", "CheckResult", "check_accumulation_step",
+    "check_average_gradients", "check_global_loss", "check_global_mean", "check_init_group",
+    "check_load_checkpoint", "check_make_loader", "check_replicas_agree", "check_save_checkpoint",
+    "check_shard_indices", "reset_hints", "summarize",
 ]

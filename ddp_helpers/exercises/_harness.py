@@ -363,17 +363,23 @@ def student_outcomes(outs: Sequence[Optional[Dict[str, Any]]], key: str = "call"
     return list(calls.values())
 
 
+HARDCODED_FIX = "divide by dist.get_world_size(), not a fixed 2."
+
+
 def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Callable,
-                           world_size: Optional[int] = None) -> Tuple[int, ...]:
+                           world_size: Optional[int] = None,
+                           hardcoded: Tuple[Sequence[str], str] = (("no_divide", "divided_twice", "wrong_value"),
+                                                                   HARDCODED_FIX)) -> Tuple[int, ...]:
     """Run on 2 ranks, then on 3 (or on world_size only): an answer right on 2 but wrong on 3 has the world size
-    hard-coded. Returns the world sizes it ran."""
+    hard-coded. hardcoded: the mistakes on 3 ranks that mean that, and what to do instead. Returns the world
+    sizes it ran."""
     sizes = (2, 3) if world_size is None else (world_size,)
+    codes, fix = hardcoded
     for k, size in enumerate(sizes):
         verdict = diagnose(run_ranks(harness, size, (student_fn,)), size)
         if verdict is None:
             continue
-        if k > 0 and verdict.mistake in ("no_divide", "divided_twice", "wrong_value"):
-            raise fail("hardcoded_world_size", f"right on {sizes[0]} ranks but wrong on {size}: divide by "
-                                               "dist.get_world_size(), not a fixed 2.")
+        if k > 0 and verdict.mistake in codes:
+            raise fail("hardcoded_world_size", f"right on {sizes[0]} ranks but wrong on {size}: {fix}")
         raise verdict
     return sizes

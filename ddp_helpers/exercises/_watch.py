@@ -1,4 +1,5 @@
-"""Recorders for inside a rank: what the learner's code did (its all_reduces, DDP forwards and backwards, seeds).
+"""Recorders for inside a rank: what the learner's code did (its all_reduces and other collectives, DDP forwards
+and backwards, seeds, any call a check patches).
 
 A hint must name the mistake made, not the first symptom of it: an unchanged gradient comes from no all_reduce
 at all, or from an all_reduce of a copy; an all-reduce per micro-batch from no no_sync() at all, or from a
@@ -144,3 +145,67 @@ def record_seeds(student_fn: Callable) -> List[Tuple[str, int]]:
     swap_globals(student_fn, real_generator, Generator)
     swap_globals(student_fn, real_manual_seed, manual_seed)
     return seeds
+
+
+# ------------------------------------------------------------------------------------------- any call at all
+@contextlib.contextmanager
+def patched(student_fn: Callable, owner: Any, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[Callable]:
+    """While inside: owner.name, and any global of student_fn bound to it, is wrap(the real one); undone after."""
+    real = getattr(owner, name)
+    fake = wrap(real)
+    setattr(owner, name, fake)
+    swap_globals(student_fn, real, fake)  # `from torch.distributed import barrier` too
+    try:
+        yield fake
+    finally:
+        setattr(owner, name, real)
+        swap_globals(student_fn, fake, real)  # a later watch of the same rank finds the real one again
+
+
+# The torch.distributed calls a learner may make; the ones a version lacks are skipped. Only the learner's own
+# calls are seen: torch's internals (all_gather_object's all_gathers) call distributed_c10d's, not these names.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+               "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+               "monitored_barrier", "send", "recv", "isend", "irecv")
+_TENSOR_ARGS = ("tensor", "input_tensor", "input")  # the argument that holds what a rank sends
+
+
+def _collective_record(name: str, signature: inspect.Signature, args: tuple, kwargs: dict) -> Dict[str, Any]:
+    """What a collective call is: its name, its reduction (SUM when left out), the tensor it sends (numel, dtype)."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:  # the real call will say what is wrong
+        return {"kind": "collective", "op": name, "reduce": None, "numel": None, "dtype": None}
+    bound.apply_defaults()
+    a = bound.arguments
+    t = next((a[k] for k in _TENSOR_ARGS if isinstance(a.get(k), torch.Tensor)), None)
+    return {"kind": "collective", "op": name, "reduce": _op_name(a["op"]) if a.get("op") is not None else None,
+            "numel": None if t is None else t.numel(), "dtype": None if t is None else str(t.dtype).split(".")[-1]}
+
+
+@contextlib.contextmanager
+def watch_collectives(student_fn: Callable, on_call: Optional[Callable[[Dict[str, Any]], None]] = None,
+                      records: Optional[List[Dict[str, Any]]] = None) -> Iterator[List[Dict[str, Any]]]:
+    """While inside: every torch.distributed collective the learner calls is appended to records (a new list if
+    None) before it runs: its name, the reduction, the numel and dtype of the tensor it sends; then on_call(it)."""
+    records = [] if records is None else records
+
+    def wrap(name: str) -> Callable[[Callable], Callable]:
+        def make(real: Callable) -> Callable:
+            signature = inspect.signature(real)
+
+            def watched(*args: Any, **kwargs: Any) -> Any:
+                record = _collective_record(name, signature, args, kwargs)
+                records.append(record)
+                if on_call is not None:
+                    on_call(record)
+                return real(*args, **kwargs)
+            return watched
+        return make
+
+    with contextlib.ExitStack() as stack:
+        for name in COLLECTIVES:
+            if hasattr(dist, name):
+                stack.enter_context(patched(student_fn, dist, name, wrap(name)))
+        yield records

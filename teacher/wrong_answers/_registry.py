@@ -18,12 +18,14 @@ class WrongAnswer:
     fn: Callable
 
 
-WRONG: List[WrongAnswer] = []
+WRONG: List[WrongAnswer] = []  # the exercise notebook's (and the nbgrader assignment's)
+PRACTICE_WRONG: List[WrongAnswer] = []  # the checked exercises of lesson notebooks 11 and 12
 
 
-def wrong(exercise: str, mistake: str, hint: str) -> Callable[[Callable], Callable]:
-    """Register fn as a typical wrong answer."""
+def wrong(exercise: str, mistake: str, hint: str, registry: List[WrongAnswer] = WRONG
+          ) -> Callable[[Callable], Callable]:
+    """Register fn as a typical wrong answer (in WRONG unless another registry is given)."""
     def deco(fn: Callable) -> Callable:
-        WRONG.append(WrongAnswer(exercise, mistake, hint, fn))
+        registry.append(WrongAnswer(exercise, mistake, hint, fn))
         return fn
     return deco
