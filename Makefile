@@ -40,22 +40,22 @@ NUMERIC_NBS   = notebooks/03_ddp_gradient_sync.ipynb notebooks/04_two_process_mn
 
 # Every test: unit and process tests; the executed notebooks compared by nbval as a pip user gets them
 # (tools/pip_user.py: the wheel installed outside the repository, the notebooks copied out by its console script);
-# the numeric ones again with other CPU kernels.
-test: env
-	$(PY) -m pytest tests -q
-	$(PY) tools/pip_user.py -- -q
-	$(OTHER_KERNELS) $(PY) $(NBVAL) $(NUMERIC_NBS)
+# the numeric ones again with other CPU kernels. Each part on two pytest-xdist workers (XDIST=-n0: one process):
+# whole test files to each (tests/conftest.py), whole notebooks to each (--dist loadfile: a notebook's cells
+# share one kernel). More workers than cores make the timing bounds of the process tests fail.
+XDIST ?= -n 2
+test: test-unit test-notebooks
 
 test-unit: env
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q $(XDIST)
 
 test-notebooks: env
-	$(PY) tools/pip_user.py -- -q
-	$(OTHER_KERNELS) $(PY) $(NBVAL) $(NUMERIC_NBS)
+	$(PY) tools/pip_user.py -- -q $(XDIST) --dist loadfile
+	$(OTHER_KERNELS) $(PY) $(NBVAL) $(XDIST) --dist loadfile $(NUMERIC_NBS)
 
 test-browser: env
 	.ci/install_browser.sh
-	$(PY) -m pytest tests/test_browser.py -q
+	$(PY) -m pytest tests/project/test_browser.py -q
 
 solutions: env
 	$(PY) -m teacher.solutions
@@ -94,7 +94,7 @@ notebooks: env
 	$(PY) tools/execute_notebooks.py
 
 # The tutorial as a static website, from the executed notebooks (nothing runs), offline: open docs/_build/html/index.html.
-# -W: any warning fails; -n: nitpicky, an unresolved reference is a warning. tests/test_site.py builds it the same way.
+# -W: any warning fails; -n: nitpicky, an unresolved reference is a warning. tests/project/test_site.py builds it the same way.
 site: env
 	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
 	@echo "open docs/_build/html/index.html"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what tests/test_browser.py needs, if missing: Debian's chromium and the Playwright Python driver.
+# Install what tests/project/test_browser.py needs, if missing: Debian's chromium and the Playwright Python driver.
 # Idempotent: does nothing when both are there. Never runs `playwright install` (it would download its own browser).
 # Without root/apt the browser test skips itself; set REQUIRE_BROWSER=1 to make a failed install an error.
 set -euo pipefail
@@ -9,7 +9,7 @@ PY="${VENV:-.venv}/bin/python"
 fail() {
     echo "install_browser: $1" >&2
     if [ "${REQUIRE_BROWSER:-0}" = "1" ]; then exit 1; fi
-    echo "install_browser: tests/test_browser.py will be skipped" >&2
+    echo "install_browser: tests/project/test_browser.py will be skipped" >&2
     exit 0
 }
 

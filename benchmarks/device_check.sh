@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU (nccl) checks in one short run, for a machine with CUDA GPUs (CI has none): tests/test_gpu.py, then the
+# The GPU (nccl) checks in one short run, for a machine with CUDA GPUs (CI has none): tests/ranks/test_gpu.py, then the
 # benchmark on the GPUs. Prints everything it measures; exits non-zero if a check fails.
 #
 #   bash benchmarks/device_check.sh        # python3 on PATH must have torch with CUDA; PY=... picks another
@@ -25,7 +25,7 @@ NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_av
 $PY -c "import torch; print('torch', torch.__version__, '| CUDA GPUs:', $NGPU)"
 
 rc=0
-$PY -m pytest -p no:cacheprovider tests/test_gpu.py -q -rs || rc=1
+$PY -m pytest -p no:cacheprovider tests/ranks/test_gpu.py -q -rs || rc=1
 if [ "$NGPU" -eq 0 ]; then
     echo "no CUDA GPU: the GPU tests skip themselves and the nccl benchmark is not run"
     exit $rc

@@ -96,7 +96,7 @@ def sample_submissions() -> Dict[str, Dict[str, Callable]]:
     return {
         "sample-solved": dict(SOLUTIONS),
         "sample-blank": {},
-        "sample-sum-not-mean": {**SOLUTIONS, "global_mean": mean_sum_only},  # all but exercise 2
+        "sample-sum-not-mean": {**first_three, "global_mean": mean_sum_only},  # 1 and 3 right, 2 wrong, 4-7 blank
         "sample-no-set-epoch": {**first_three, "make_loader": loader_no_set_epoch},  # 1-3 right, 4 wrong, 5-7 blank
     }
 

@@ -98,7 +98,7 @@ SOLUTIONS = {
 
 # ------------------------------------------------------------------------------------ other correct answers
 # Written the other ways learners write them: a hint must come from what a function did, so every one of these
-# must pass its check too (tests/test_exercises.py), not only the one solution above.
+# must pass its check too (tests/exercises/test_exercises.py), not only the one solution above.
 def global_mean_avg(value: torch.Tensor) -> torch.Tensor:
     """Exercise 2 with ReduceOp.AVG (gloo supports it): the all_reduce divides."""
     dist.all_reduce(value, op=dist.ReduceOp.AVG)

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import time
 import uuid
 from typing import Any, Callable, List, Optional
 
@@ -25,6 +26,7 @@ from .store import bind_listener, serve_store
 __all__ = ["LaunchError", "RankFailedError", "check_launch", "check_start_method", "launch", "raised_in_collective"]
 
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
+SERVER_EXIT_S = 2.0  # a killed forkserver has this long to be seen dead (a zombie or gone)
 SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
 
 
@@ -198,12 +200,23 @@ def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[i
     (popen_forkserver.poll), whether the server is a zombie, reaped, or already replaced by a new one."""
     if method != "forkserver" or 255 not in codes or server is None:
         return False
+    if _forkserver_pid() != server:
+        return True
     import psutil
 
-    try:
-        return _forkserver_pid() != server or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    # The ranks read as 255 once the server's end of their pipes closes, which a dying process does before it
+    # becomes a zombie (tearing down torch's mappings takes a while): give it that long. Not reaped here:
+    # multiprocessing's next ensure_running() does that and starts a new server.
+    deadline = time.monotonic() + SERVER_EXIT_S
+    while True:
+        try:
+            if psutil.Process(server).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False  # the server lives: a rank's own exit code 255
+        time.sleep(0.02)
 
 
 def _end_launch(context: Optional[ProcessContext], log_dir: str, wait_s: float) -> None:

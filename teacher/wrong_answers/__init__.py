@@ -1,9 +1,9 @@
 """Typical wrong answers to the exercises, each labelled with the mistake code and the hint it must produce.
 
-tests/test_exercises.py runs every check on each of them. Every function here is wrong on purpose. They live in
+tests/exercises/test_exercises.py runs every check on each of them. Every function here is wrong on purpose. They live in
 two modules, by exercise (1-4 and 5-7), and register themselves in WRONG, in the notebook's order. The wrong
 answers to the checked exercises of notebooks 11 and 12 are in `practice` and register in PRACTICE_WRONG
-(tests/test_practice_exercises.py).
+(tests/exercises/test_practice_exercises.py).
 """
 from __future__ import annotations
 

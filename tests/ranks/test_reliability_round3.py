@@ -23,7 +23,7 @@ from ddp_helpers.ranks.payload import dumps
 
 from _procs import describe_and_kill, outliving, running
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ------------------------------------------------------------------ a rank that ends without reporting

@@ -14,7 +14,7 @@ import torch
 from ddp_helpers import TrainConfig, load_data, run_training
 from ddp_helpers.data import sources as D
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "examples" / "ddp_mnist.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ddp_mnist.py"
 DEAD_PROXY = "http://127.0.0.1:1"  # nothing listens there: every download fails at once, online or not
 ENV = {**os.environ, "HTTP_PROXY": DEAD_PROXY, "HTTPS_PROXY": DEAD_PROXY, "http_proxy": DEAD_PROXY,
        "https_proxy": DEAD_PROXY, "NO_PROXY": "", "no_proxy": ""}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ddp_helpers"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "ddp_helpers"
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -99,3 +99,29 @@ def test_importing_every_module_starts_no_thread():
                          cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+# tests/ is grouped like the package: one folder per part of it, and two of its own.
+TEST_GROUPS_OF_OUR_OWN = {"cli": "the command lines at the package's top level (train, outputs, the plain script)",
+                          "project": "the repository as a whole: docs, layout, packaging, site, notebooks, benchmarks"}
+
+
+def test_tests_are_grouped_like_the_package():
+    tests = PACKAGE.parent / "tests"
+    parts = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders == parts | set(TEST_GROUPS_OF_OUR_OWN), (folders, parts)
+    assert not list(tests.glob("test_*.py")), "a test file belongs in the folder of the part it tests"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), "test file names must stay unique (pytest's default import mode)"
+
+
+def test_the_slow_marker_is_registered_and_used():
+    """`pytest -m "not slow"` is the quick loop: the marker must exist, or -m would silently select nothing new."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert any(m.startswith("slow:") for m in config["markers"])
+    assert "--strict-markers" in config["addopts"]  # a mistyped @pytest.mark.slwo is an error, not a new mark
+    used = sum(p.read_text().count("@pytest.mark.slow") for p in (PACKAGE.parent / "tests").rglob("test_*.py"))
+    assert used >= 50, used

@@ -22,14 +22,14 @@ import torch
 from ddp_helpers import TrainConfig, launch, run_training
 from ddp_helpers.data import sources as D
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ddp_mnist.py"
 OTHER_KERNELS = {"default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}}
 BITWISE_CLAIMS = (
-    "tests/test_sync.py::test_allreduce_by_hand_equals_ddp_bitwise_at_two_ranks",  # notebook 3
-    "tests/test_resume_rng.py::test_a_crashed_dropout_run_resumes_bitwise_exactly",  # notebook 6
-    "tests/test_cpu_capability.py::test_the_scripts_training_equals_run_training_bitwise",  # notebook 4
-    "tests/test_cpu_capability.py::test_torch_runs_the_kernels_it_was_asked_for",
+    "tests/engine/test_sync.py::test_allreduce_by_hand_equals_ddp_bitwise_at_two_ranks",  # notebook 3
+    "tests/engine/test_resume_rng.py::test_a_crashed_dropout_run_resumes_bitwise_exactly",  # notebook 6
+    "tests/engine/test_cpu_capability.py::test_the_scripts_training_equals_run_training_bitwise",  # notebook 4
+    "tests/engine/test_cpu_capability.py::test_torch_runs_the_kernels_it_was_asked_for",
 )
 
 
@@ -49,7 +49,7 @@ def _script_rank(rank: int, world_size: int, root: str, save: str) -> int:
 def test_the_scripts_training_equals_run_training_bitwise(tmp_path):
     """The script's own training code (torchvision's transforms, its loop) gives run_training's parameters.
 
-    Its ranks are forked here rather than started by its mp.spawn (tests/test_example_script.py runs that path
+    Its ranks are forked here rather than started by its mp.spawn (tests/cli/test_example_script.py runs that path
     with this machine's kernels): cheap enough to repeat under other kernels, where the float arithmetic of
     torchvision's transforms and of the training could round differently.
     """

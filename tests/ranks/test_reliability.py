@@ -19,7 +19,7 @@ from ddp_helpers.ranks import cleanup as C
 
 from _procs import describe_and_kill, outliving
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
 
 PARENT = textwrap.dedent("""

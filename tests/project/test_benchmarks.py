@@ -15,7 +15,7 @@ from ddp_helpers.data import DEBIAN_FASHION_DIR
 
 from _procs import describe_and_kill, outliving
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _bench(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 200  # issue #28: the README is for learners; maintainer detail lives in docs/
 PACKAGE = ROOT / "ddp_helpers"
 MODULE_MAP = ROOT / "docs" / "architecture.md"

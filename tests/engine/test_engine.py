@@ -13,7 +13,7 @@ from ddp_helpers import TrainConfig, build_model, launch, run_training, train_si
 from ddp_helpers.engine.plan import StepPlan
 from ddp_helpers.engine.telemetry import RankField, StepFloat, StepInt, TelemetryBuffers
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "ddp_helpers"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "ddp_helpers"
 
 
 # ------------------------------------------------------------------------------------------ the step plan

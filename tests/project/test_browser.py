@@ -32,7 +32,7 @@ import pytest
 
 from ddp_helpers.engine.config import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "appendix" / "A2_control_panel.ipynb"
 EXERCISES_NB = ROOT / "notebooks" / "exercises" / "exercises.ipynb"
 CHROMIUM = os.environ.get("DDP_HELPERS_CHROMIUM", "/usr/bin/chromium")  # Debian's package

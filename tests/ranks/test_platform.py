@@ -96,7 +96,7 @@ def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert parent.stdout.readline().strip() == "launching"
     time.sleep(delay)  # 0.3 s: the ranks are still starting (importing torch under spawn); 6 s: they run fn
     names = survivors_of_killed(parent)
@@ -122,7 +122,7 @@ def test_a_forkserver_still_preloading_ends_with_its_killed_launcher(tmp_path):
     (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(30)\n")
     script = tmp_path / "parent.py"
     script.write_text(SLOW_PRELOAD_PARENT)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root, env=env)
     assert parent.stdout.readline().strip() == "launching"
@@ -152,7 +152,7 @@ WARM_UP_THEN_LAUNCH = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_warm_up_starts_the_server_before_torch_is_imported_and_the_launch_uses_it():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", WARM_UP_THEN_LAUNCH], capture_output=True, text=True, cwd=root,
                          env=dict(os.environ, PYTHONPATH=root, DDP_HELPERS_PROGRESS="0"), timeout=120)
     assert out.stdout.splitlines() == ["torch before: False server: True", "ranks: [2, 3] same server: True"], (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 # The numbered teaching notebooks, in reading order: these also need a Summary and Exercises.
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 # The appendix notebooks (A1, A2, ...): outside the reading order, but held to the same structure.
