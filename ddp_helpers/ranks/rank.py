@@ -33,8 +33,27 @@ def init_group_from_env(backend: str, timeout_s: float, env: RankEnv) -> None:
     """
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = interface_towards(env.master_addr, env.master_port)
+    timeout = datetime.timedelta(seconds=timeout_s)
     with _SetupDeadline(timeout_s + SETUP_GRACE_S, env, backend):
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        store = attempt_store(env, timeout)
+        where = {} if store is None else {"store": store, "rank": env.rank, "world_size": env.world_size}
+        dist.init_process_group(backend, timeout=timeout, **where)
+
+
+def attempt_store(env: RankEnv, timeout: datetime.timedelta) -> Optional[dist.Store]:
+    """After a torchrun restart, the agent's store seen through a prefix of this attempt's own; else None (env://).
+
+    torchrun's agent hosts one store for the whole job and hands it to every restart attempt
+    (``DynamicRendezvousHandler.use_agent_store``, unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), while env://
+    connects the ranks to it with no per-attempt prefix (``rendezvous._create_c10d_store``: "We create a new
+    TCPStore for every retry"). The restarted ranks then read the failed attempt's keys: gloo connected to a dead
+    rank's address ("connectFullMesh failed ... Connection refused") and the job ended instead of resuming.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"ddp_helpers/attempt{attempt}", agent)  # its keys: <prefix>/<key>
 
 
 class _SetupDeadline:

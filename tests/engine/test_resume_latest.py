@@ -90,8 +90,10 @@ def test_torchrun_restarts_a_crashed_job_that_resumes_from_latest(tmp_path, smal
            "1", "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1",
            "--no-plots", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4", "--resume-from",
            "latest", "--fault-rank", "1", "--fault-step", "6", "--out", str(tmp_path / "out")]
-    # a fresh store for each attempt: torch 2.14's shared one keeps the first attempt's keys (see notebook 12)
-    env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LOGLEVEL": "INFO"}
+    # torchrun's defaults: one agent store shared by both attempts, whose first-attempt keys the restarted ranks
+    # must not read (ranks/rank.attempt_store; without it gloo connected to the dead rank and the job ended)
+    env = {**ENV, "LOGLEVEL": "INFO"}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "will restart worker group" in p.stderr and "InjectedFault" in p.stderr
