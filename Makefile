@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions assignment grade bench bench-allreduce bench-startup bench-threads bench-warmth faults lab notebooks site clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth faults lab notebooks site clean
 
 env: $(STAMP)
 
@@ -76,6 +76,9 @@ bench: env
 
 bench-startup: env
 	$(PY) benchmarks/startup.py --markdown
+
+bench-launch: env
+	$(PY) benchmarks/launch_overhead.py --markdown
 
 bench-allreduce: env
 	$(PY) benchmarks/allreduce_latency.py --markdown

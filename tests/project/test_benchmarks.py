@@ -223,3 +223,17 @@ def test_startup_prints_every_call_and_the_targets():
 def test_startup_refuses_bad_settings(args, message, monkeypatch, capsys):
     code, err = _refusal("startup.py", args, monkeypatch, capsys)
     assert code == 2 and message in err, err
+
+
+def test_launch_overhead_prints_a_row_per_world_size(monkeypatch, capsys):
+    """In this process (its launches are the package's own, forked from this worker's forkserver)."""
+    module = _load("launch_overhead.py")
+    monkeypatch.setattr(sys, "argv", ["launch_overhead.py", "--calls", "2", "--markdown"])
+    assert module.main() == 0
+    rows = _table(capsys.readouterr().out)
+    assert sorted(rows) == ["2", "3"] and all(float(r[0]) > 0 and r[2] == "2" for r in rows.values()), rows
+
+
+def test_launch_overhead_refuses_bad_counts(monkeypatch, capsys):
+    code, err = _refusal("launch_overhead.py", ["--calls", "0"], monkeypatch, capsys)
+    assert code == 2 and "--calls must be at least 1" in err, err
