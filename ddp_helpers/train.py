@@ -210,14 +210,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
     args = build_parser().parse_args(argv)
     from .cli_words import as_flags
-    from .engine.config import ConfigError
+    from .engine.config import ConfigError, check_types
+
+    try:  # a flag's value first: the modules below import torch (~2 s) before they could say it
+        cfg = config_from_args(args)
+        check_types(cfg)
+    except ConfigError as e:
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)
+        return 2
     from .data import DataError
     from .outputs import OutputError, failure_message
     from .ranks.env import under_torchrun
     from .ranks.launcher import LaunchError, RankFailedError
 
     try:
-        cfg = config_from_args(args)
         torchrun = under_torchrun()
         if not torchrun or os.environ["RANK"] == "0":  # the process that will write the results
             _check_out(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written

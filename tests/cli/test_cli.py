@@ -68,6 +68,17 @@ def test_cli_bad_flag_value_is_a_clear_error(tmp_path):
     assert p.stderr.startswith("error: --batch-size 0 is not accepted: ") and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("flags", [["--batch-size", "0"], ["--lr", "-1"], ["--epochs", "0"]])
+def test_a_bad_flag_value_is_said_before_torch_is_imported(flags, tmp_path):
+    """A typo costs a tenth of a second, not the ~2 s of importing torch (and its data) first."""
+    code = ("import sys; from ddp_helpers.train import main; code = main(sys.argv[1:]); "
+            "print(code, 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code, *flags, "--out", str(tmp_path / "x")], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert p.stdout.split() == ["2", "False"], (p.stdout, p.stderr)
+    assert p.stderr.startswith(f"error: {flags[0]} ") and "is not accepted" in p.stderr, p.stderr
+
+
 # ------------------------------------------------------------------ errors in the words of the command line
 FIELD_WORDS = re.compile(r"TrainConfig|\b[a-z]+(?:_[a-z]+)*=")  # a field (resume_from=None) instead of a flag
 
