@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it (not installed on purpose)
 
 from ddp_helpers.exercises import EXERCISES, NOT_DONE, CheckResult, reset_hints, summarize  # noqa: E402
-from ddp_helpers.exercises._harness import AGAIN, COMMON_NUDGES, NO_NUDGE  # noqa: E402
+from ddp_helpers.exercises._harness import NO_NUDGE  # noqa: E402
 from teacher.solutions import ALTERNATIVES, SOLUTIONS  # noqa: E402
 from teacher.wrong_answers import WRONG  # noqa: E402
+
+from _hints import assert_gets_its_hint, nudge  # noqa: E402
 
 NOTEBOOK = ROOT / "notebooks" / "exercises" / "exercises.ipynb"
 
@@ -38,25 +40,6 @@ def fresh_hints():
     reset_hints()
     yield
     reset_hints()
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.replace('"', "'").split())
-
-
-def _solution_statements(name: str) -> list:
-    """The solution's code lines (comments and docstring dropped), normalised, longer than one short call.
-
-    A specific hint may name the one call or argument a mistake lacks (`sampler.set_epoch(epoch)`,
-    `world_size=world_size`); it must not hand over the solution's real lines.
-    """
-    lines = inspect.getsource(SOLUTIONS[name]).splitlines()[2:]  # below the def line and the docstring
-    code = [_norm(line.split("  #")[0]) for line in lines]
-    return [c for c in code if len(c) > 24]
-
-
-def _nudge(wrong) -> str:
-    return EXERCISES[wrong.exercise].nudges.get(wrong.mistake) or COMMON_NUDGES.get(wrong.mistake, "")
 
 
 @pytest.fixture(scope="module")
@@ -132,21 +115,13 @@ def test_typical_wrong_answer_gets_its_hint(wrong, capsys):
     """The first failure prints the nudge; the specific mistake is in .detail; neither spells out the solution."""
     result = EXERCISES[wrong.exercise](wrong.fn)
     printed = capsys.readouterr().out
-    assert not result.passed
-    assert result.mistake == wrong.mistake, result.message
-    assert wrong.hint in result.detail
-    assert printed == f"TRY AGAIN  {wrong.exercise}: {result.hint}\n"
-    assert "Traceback" not in printed
-    if wrong.mistake not in NO_NUDGE:
-        assert result.nudged and result.hint == f"{_nudge(wrong)} {AGAIN}", result.hint
-        assert wrong.hint not in result.hint, "the nudge gives the specific mistake away"
-    for text in (result.hint, result.detail):
-        given = [s for s in _solution_statements(wrong.exercise) if s in _norm(text)]
-        assert not given, f"the hint contains the solution's code {given}: {text}"
+    name = wrong.exercise
+    assert_gets_its_hint(wrong, EXERCISES[name], SOLUTIONS[name], result, printed)
 
 
 def test_every_typical_mistake_has_a_nudge():
-    missing = {(w.exercise, w.mistake) for w in WRONG if w.mistake not in NO_NUDGE and not _nudge(w)}
+    missing = {(w.exercise, w.mistake) for w in WRONG
+               if w.mistake not in NO_NUDGE and not nudge(EXERCISES[w.exercise], w.mistake)}
     assert not missing, f"mistakes without a first-tier hint: {sorted(missing)}"
 
 

@@ -17,9 +17,11 @@ sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it (
 
 from ddp_helpers import launch  # noqa: E402
 from ddp_helpers.exercises import EXERCISES, NOT_DONE, PRACTICE_EXERCISES, reset_hints  # noqa: E402
-from ddp_helpers.exercises._harness import AGAIN, COMMON_NUDGES, NO_NUDGE  # noqa: E402
+from ddp_helpers.exercises._harness import NO_NUDGE  # noqa: E402
 from teacher.solutions import PRACTICE_ALTERNATIVES, PRACTICE_SOLUTIONS  # noqa: E402
 from teacher.wrong_answers import PRACTICE_WRONG  # noqa: E402
+
+from _hints import assert_gets_its_hint, nudge  # noqa: E402
 
 NOTEBOOKS = {"global_loss": "11_mixed_precision_and_compile", "load_checkpoint": "11_mixed_precision_and_compile",
              "replicas_agree": "12_debugging_elastic_and_sharding"}
@@ -40,20 +42,6 @@ def _cells(notebook: str) -> list:
 
 def _blank(name: str) -> dict:
     return next(c for c in _cells(NOTEBOOKS[name]) if c["source"].startswith(f"def {name}("))
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.replace('"', "'").split())
-
-
-def _solution_statements(name: str) -> list:
-    """The solution's code lines (comments and docstring dropped), normalised, longer than one short call."""
-    lines = inspect.getsource(PRACTICE_SOLUTIONS[name]).splitlines()[2:]
-    return [c for c in (_norm(line.split("  #")[0]) for line in lines) if len(c) > 24]
-
-
-def _nudge(wrong) -> str:
-    return PRACTICE_EXERCISES[wrong.exercise].nudges.get(wrong.mistake) or COMMON_NUDGES.get(wrong.mistake, "")
 
 
 def _wrong(exercise_name: str, mistake: str):
@@ -129,19 +117,13 @@ def test_typical_wrong_answer_gets_its_hint(wrong, capsys):
     """The first failure prints the nudge; the specific mistake is in .detail; neither spells out the solution."""
     result = PRACTICE_EXERCISES[wrong.exercise](wrong.fn)
     printed = capsys.readouterr().out
-    assert not result.passed and result.mistake == wrong.mistake, result.message
-    assert wrong.hint in result.detail, result.detail
-    assert printed == f"TRY AGAIN  {wrong.exercise}: {result.hint}\n" and "Traceback" not in printed
-    if wrong.mistake not in NO_NUDGE:
-        assert result.nudged and result.hint == f"{_nudge(wrong)} {AGAIN}", result.hint
-        assert wrong.hint not in result.hint, "the nudge gives the specific mistake away"
-    for text in (result.hint, result.detail):
-        given = [s for s in _solution_statements(wrong.exercise) if s in _norm(text)]
-        assert not given, f"the hint contains the solution's code {given}: {text}"
+    name = wrong.exercise
+    assert_gets_its_hint(wrong, PRACTICE_EXERCISES[name], PRACTICE_SOLUTIONS[name], result, printed)
 
 
 def test_every_typical_mistake_has_a_nudge():
-    missing = {(w.exercise, w.mistake) for w in PRACTICE_WRONG if w.mistake not in NO_NUDGE and not _nudge(w)}
+    missing = {(w.exercise, w.mistake) for w in PRACTICE_WRONG
+               if w.mistake not in NO_NUDGE and not nudge(PRACTICE_EXERCISES[w.exercise], w.mistake)}
     assert not missing, f"mistakes without a first-tier hint: {sorted(missing)}"
 
 
