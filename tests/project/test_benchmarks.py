@@ -121,9 +121,10 @@ def test_bench_pipelines_prints_every_configuration_and_the_targets():
         assert 0 < startup < wall and 0 < loop < wall, c
         # mnist-5k: 4,000 training images; no sampler in the seed pipeline, so each rank walks all of them
         assert int(c[4]) == (63 if name.startswith("seed") else 32), c
-        # Memory the run added, system-wide: a seed run's ranks each hold a copy of the data. A default run right
-        # after one may read ~0, while the previous run's pages are still being handed back to the system.
-        assert float(c[8]) > (0 if name.startswith("seed") else -64), c
+        # Memory the run added (peak minus the level at entry, system-wide): a number, never below 0. Not a lower
+        # bound: while another test worker or the previous run hands pages back, a run's peak can be its entry level
+        # (CI read 0 for a seed run). That the sampler sees an allocation is test_memory_sampler_... below.
+        assert math.isfinite(float(c[8])) and float(c[8]) >= 0, c
     for target in ("default end to end vs seed:", "default loop vs seed loop:", "telemetry overhead:"):
         assert target in out.stdout
 
