@@ -77,7 +77,9 @@ def _setup_cell(early: bool) -> float:
     """In a fresh interpreter: a set-up cell's imports and warm_up(), then a first launch; seconds to its end."""
     env = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
     code = SETUP_CELL.format(root=ROOT, early=early)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"the set-up cell failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,7 +1,7 @@
 """The exercises as an nbgrader assignment: generate the student notebook, autograde submissions, feedback.
 
     python -m teacher.grading assignment   # source -> release (build/nbgrader) -> notebooks/exercises/, executed
-    python -m teacher.grading grade --samples   # four sample submissions, autograded, with feedback pages
+    python -m teacher.grading grade --samples   # three sample submissions, autograded, with feedback pages
     python -m teacher.grading grade        # every notebook in build/nbgrader/submitted/<student>/ddp_exercises/
 
 The source notebook (solutions between BEGIN/END SOLUTION, graded check cells with hidden tests) is
@@ -92,12 +92,12 @@ def sample_submissions() -> Dict[str, Dict[str, Callable]]:
     from teacher.solutions import SOLUTIONS
     from teacher.wrong_answers import loader_no_set_epoch, mean_sum_only
 
-    first_three = {k: SOLUTIONS[k] for k in ("init_group", "global_mean", "shard_indices")}
     return {
         "sample-solved": dict(SOLUTIONS),
         "sample-blank": {},
-        "sample-sum-not-mean": {**first_three, "global_mean": mean_sum_only},  # 1 and 3 right, 2 wrong, 4-7 blank
-        "sample-no-set-epoch": {**first_three, "make_loader": loader_no_set_epoch},  # 1-3 right, 4 wrong, 5-7 blank
+        # 1 and 3 right, 2 (a sum, not a mean) and 4 (no set_epoch) wrong, 5-7 blank: one page shows two hints
+        "sample-two-mistakes": {"init_group": SOLUTIONS["init_group"], "global_mean": mean_sum_only,
+                                "shard_indices": SOLUTIONS["shard_indices"], "make_loader": loader_no_set_epoch},
     }
 
 
@@ -132,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["assignment", "grade"])
     p.add_argument("--course", type=Path, default=COURSE, help="nbgrader's course folder (default: build/nbgrader)")
-    p.add_argument("--samples", action="store_true", help="grade: first write the four sample submissions")
+    p.add_argument("--samples", action="store_true", help="grade: first write the three sample submissions")
     args = p.parse_args(argv)
     course = args.course.resolve()
     if args.command == "assignment":

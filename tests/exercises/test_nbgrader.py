@@ -36,7 +36,7 @@ def _points() -> dict:
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """A course folder: the assignment generated, the four sample submissions autograded, feedback written."""
+    """A course folder: the assignment generated, the three sample submissions autograded, feedback written."""
     course = tmp_path_factory.mktemp("course")
     grading.generate(course)
     for student, answers in grading.sample_submissions().items():
@@ -109,16 +109,14 @@ def test_blank_release_gets_zero(course):
     assert "NOT DONE YET" in _feedback(course, "sample-blank")
 
 
-@pytest.mark.parametrize("student, exercise_name, mistake, solved", [
-    ("sample-sum-not-mean", "global_mean", "no_divide", ["init_group", "shard_indices"]),
-    ("sample-no-set-epoch", "make_loader", "no_set_epoch", ["init_group", "global_mean", "shard_indices"]),
-])
 @pytest.mark.slow
-def test_wrong_answers_get_partial_marks_and_the_hint(course, student, exercise_name, mistake, solved):
+def test_wrong_answers_get_partial_marks_and_each_its_hint(course):
+    student = "sample-two-mistakes"
     points = _points()
-    assert grading.scores(course)[student][0] == sum(points[f"check_{n}"] for n in solved)
-    wrong = next(w for w in WRONG if (w.exercise, w.mistake) == (exercise_name, mistake))
+    assert grading.scores(course)[student][0] == sum(points[f"check_{n}"] for n in ("init_group", "shard_indices"))
     page = _feedback(course, student)
-    assert f"TRY AGAIN {exercise_name}: " in page  # the visible check's printed verdict (the nudge)
-    failure = re.search(r"AssertionError ?: (.{0,400})", page)  # the hidden test's, with the specific mistake
-    assert failure and " ".join(wrong.hint.split()) in failure.group(1), f"no specific hint on {student}'s page"
+    failures = re.findall(r"AssertionError ?: (.{0,400})", page)  # the hidden tests', each with its mistake
+    for exercise_name, mistake in (("global_mean", "no_divide"), ("make_loader", "no_set_epoch")):
+        wrong = next(w for w in WRONG if (w.exercise, w.mistake) == (exercise_name, mistake))
+        assert f"TRY AGAIN {exercise_name}: " in page  # the visible check's printed verdict (the nudge)
+        assert any(" ".join(wrong.hint.split()) in f for f in failures), f"no {mistake} hint on {student}'s page"

@@ -78,27 +78,36 @@ def test_progress_bar_counts_from_the_first_step():
 
 
 PARENT = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from ddp_helpers import launch
 
-    def sleepy(rank, world_size):
+    def sleepy(rank, world_size, marks):
+        open(os.path.join(marks, f"rank{rank}"), "w").close()  # running fn: the test kills the parent now
         time.sleep(60)
 
     if __name__ == "__main__":
         print("launching", flush=True)
-        launch(sleepy, 2, start_method=sys.argv[1])
+        launch(sleepy, 2, args=(sys.argv[2],), start_method=sys.argv[1])
 """)
 
 
-@pytest.mark.parametrize("method, delay", [("auto", 0.3), ("auto", 6.0), ("spawn", 0.3), ("spawn", 6.0)])
+@pytest.mark.parametrize("method, moment", [("auto", "starting"), ("auto", "running"), ("spawn", "starting"),
+                                            ("spawn", "running")])
 @pytest.mark.slow
-def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, delay):
-    script = tmp_path / "parent.py"
+def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, moment):
+    script, marks = tmp_path / "parent.py", tmp_path / "marks"
     script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, text=True,
+    marks.mkdir()
+    parent = subprocess.Popen([sys.executable, str(script), method, str(marks)], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert parent.stdout.readline().strip() == "launching"
-    time.sleep(delay)  # 0.3 s: the ranks are still starting (importing torch under spawn); 6 s: they run fn
+    if moment == "starting":
+        time.sleep(0.3)  # the ranks are still starting (importing torch under spawn)
+    else:  # both ranks run fn (each has written its mark)
+        deadline = time.monotonic() + 120
+        while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.05)
+        assert len(list(marks.iterdir())) == 2, f"the ranks never ran fn (parent exit code {parent.poll()})"
     names = survivors_of_killed(parent)
     assert not names, f"{len(names)} process(es) outlived their parent by 5 s: {names}"
 
