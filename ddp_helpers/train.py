@@ -218,9 +218,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as e:
         print(f"error: {as_flags(str(e))}", file=sys.stderr)
         return 2
+    from .ranks.env import under_torchrun
+
+    if not under_torchrun() and args.start_method in ("auto", "forkserver"):
+        from .ranks.startmethod import warm_up
+
+        warm_up()  # the forkserver imports torch for the ranks while this process imports it below
     from .data import DataError
     from .outputs import OutputError, failure_message
-    from .ranks.env import under_torchrun
     from .ranks.launcher import LaunchError, RankFailedError
 
     try:
