@@ -206,6 +206,15 @@ def _check_out(out: str, cfg: TrainConfig, plots: bool) -> None:
         raise ConfigError(str(e)) from None
 
 
+def _warm_up_unless(other_starter: bool) -> None:
+    """Start the forkserver now, unless spawn, fork or torchrun start the ranks: it imports torch for them while
+    this process imports it for itself (3.2 s instead of 4.4 s for 8 steps with a free core)."""
+    if not other_starter:
+        from .ranks.startmethod import warm_up
+
+        warm_up()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the spawn launcher and torchrun."""
     args = build_parser().parse_args(argv)
@@ -220,10 +229,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from .ranks.env import under_torchrun
 
-    if not under_torchrun() and args.start_method in ("auto", "forkserver"):
-        from .ranks.startmethod import warm_up
-
-        warm_up()  # the forkserver imports torch for the ranks while this process imports it below
+    _warm_up_unless(under_torchrun() or args.start_method not in ("auto", "forkserver"))
     from .data import DataError
     from .outputs import OutputError, failure_message
     from .ranks.launcher import LaunchError, RankFailedError
