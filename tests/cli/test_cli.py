@@ -276,11 +276,13 @@ def test_cli_starts_the_forkserver_before_its_own_imports(monkeypatch, tmp_path,
     def warm_up():
         raise _Started  # ends main() here: what follows would train
 
+    def check_out(*args):
+        raise _Started  # main's next step without the server first: it stops here instead
+
     monkeypatch.setattr(ddp_helpers.ranks.startmethod, "warm_up", warm_up)
     monkeypatch.setattr(ddp_helpers.ranks.env, "under_torchrun", lambda: under_torchrun)
     monkeypatch.setenv("RANK", "0")  # torchrun's rank 0 checks --out; read only under torchrun
-    monkeypatch.setattr("ddp_helpers.train._check_out", lambda *a: (_ for _ in ()).throw(_Started()))
+    monkeypatch.setattr("ddp_helpers.train._check_out", check_out)
     with pytest.raises(_Started) as started:
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
-    # without the server first, main goes on to check --out (stubbed to stop there too): the traceback says which
-    assert (started.traceback[-1].name == "warm_up") == warmed
+    assert (started.traceback[-1].name == "warm_up") == warmed  # where main stopped
