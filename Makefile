@@ -33,7 +33,7 @@ demo: env
 # again with other CPU kernels: torch's without SIMD (ATEN_CPU_CAPABILITY=default) and MKL's vendor-neutral
 # ones (MKL_CBWR=COMPATIBLE). The last bits of float32 sums change with them, as on another CPU; the stored
 # outputs must not (notebooks/README.md says how they avoid it).
-NBVAL         = -m pytest --nbval --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
+NBVAL         = -m pytest -p nbval_ipc --nbval --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
 OTHER_KERNELS = ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 NUMERIC_NBS   = notebooks/03_ddp_gradient_sync.ipynb notebooks/04_two_process_mnist.ipynb \
                 notebooks/05_beyond_the_basics.ipynb
@@ -42,7 +42,8 @@ NUMERIC_NBS   = notebooks/03_ddp_gradient_sync.ipynb notebooks/04_two_process_mn
 # (tools/pip_user.py: the wheel installed outside the repository, the notebooks copied out by its console script);
 # the numeric ones again with other CPU kernels. Each part on two pytest-xdist workers (XDIST=-n0: one process):
 # whole test files to each (tests/conftest.py), whole notebooks to each (--dist loadfile: a notebook's cells
-# share one kernel). More workers than cores make the timing bounds of the process tests fail.
+# share one kernel). More workers than cores make the timing bounds of the process tests fail. nbval's kernels
+# use Unix sockets (tools/nbval_ipc.py): a TCP port picked for a kernel can be taken before the kernel binds it.
 XDIST ?= -n 2
 test: test-unit test-notebooks
 
@@ -51,7 +52,7 @@ test-unit: env
 
 test-notebooks: env
 	$(PY) tools/pip_user.py -- -q $(XDIST) --dist loadfile
-	$(OTHER_KERNELS) $(PY) $(NBVAL) $(XDIST) --dist loadfile $(NUMERIC_NBS)
+	$(OTHER_KERNELS) PYTHONPATH=tools $(PY) $(NBVAL) $(XDIST) --dist loadfile $(NUMERIC_NBS)
 
 test-browser: env
 	.ci/install_browser.sh

@@ -7,7 +7,8 @@ copy the notebooks out with its console script, and run nbval over that copy (ma
 
 The copies are the stored notebooks byte for byte, so this is also the repository's nbval run; what it adds is
 that each notebook runs in a folder outside the repository that holds only what the wheel ships, with the
-installed package, not the checkout. Building, installing and copying take a few seconds, offline.
+installed package, not the checkout. Building, installing and copying take a few seconds, offline. Kernels
+talk over Unix sockets, not TCP ports (tools/nbval_ipc.py says why).
 """
 from __future__ import annotations
 
@@ -92,7 +93,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"wheel built, installed outside the repository and its notebooks copied out in "
               f"{time.perf_counter() - start:.1f} s; nbval runs the copies", flush=True)
         paths = [str(dest / name) for name in args.notebooks] or [str(dest)]
-        command = [sys.executable, "-m", "pytest", "--nbval", *paths, "--nbval-sanitize-with",
+        plugins = pathlib.Path(work) / "plugins"  # nbval_ipc alone, so the kernels can import nothing else of tools/
+        plugins.mkdir()
+        shutil.copyfile(ROOT / "tools" / "nbval_ipc.py", plugins / "nbval_ipc.py")
+        env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(plugins)]))
+        command = [sys.executable, "-m", "pytest", "-p", "nbval_ipc", "--nbval", *paths, "--nbval-sanitize-with",
                    str(ROOT / "notebooks" / "nbval_sanitize.cfg"), "-c", str(ROOT / "pyproject.toml"),
                    "--rootdir", str(dest), *extra]
         return subprocess.run(command, cwd=dest, env=env).returncode  # cwd outside the repository too

@@ -197,3 +197,27 @@ def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
                             env=env, capture_output=True, text=True)
     notebooks = sum(rel.endswith(".ipynb") for rel in files)
     assert forced.returncode == 0 and f"copied {notebooks} notebooks and the 2 scripts" in forced.stdout, forced.stderr
+
+
+@pytest.mark.skipif(__import__("os").name == "nt", reason="no ipc transport on Windows (the plugin does nothing)")
+@pytest.mark.slow
+def test_nbval_kernels_talk_over_unix_sockets_with_a_prefix_each(monkeypatch):
+    """tools/nbval_ipc.py (make test's nbval runs): no TCP port to lose to another process before the kernel binds
+    it; each kernel's socket files under a prefix of its own, removed when nbval ends the kernel."""
+    import os
+
+    import nbval.kernel
+
+    monkeypatch.setattr(nbval.kernel, "KernelManager", nbval.kernel.KernelManager)  # put back after the test
+    _tool("nbval_ipc").pytest_configure(None)
+    managers = [nbval.kernel.KernelManager(kernel_name="python3") for _ in range(2)]
+    assert [m.transport for m in managers] == ["ipc", "ipc"] and managers[0].ip != managers[1].ip
+    km, kc = nbval.kernel.start_new_kernel(kernel_name="python3")  # as nbval starts each notebook's kernel
+    try:
+        sockets = [f"{km.ip}-{km.shell_port}", f"{km.ip}-{km.iopub_port}"]
+        assert km.transport == "ipc" and all(os.path.exists(s) for s in sockets), sockets
+        kc.execute_interactive("x = 6 * 7", timeout=60)  # the kernel answers over them
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert not any(os.path.exists(s) for s in sockets)
