@@ -143,9 +143,9 @@ def test_plot_that_no_longer_fits_keeps_result_json(small_disk, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ where no disk can be filled
-def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, monkeypatch):
-    from ddp_helpers.train import write_outputs
-
+@pytest.fixture
+def full_out(tmp_path, monkeypatch):
+    """An --out folder (tmp_path/out) where saving a result fails with ENOSPC; TMPDIR (where it is kept) is tmp_path."""
     real_save = TrainResult.save
     out = tmp_path / "out"
 
@@ -158,6 +158,13 @@ def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, monke
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    return out
+
+
+def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, full_out):
+    from ddp_helpers.train import write_outputs
+
+    out = full_out
     with pytest.raises(OutputError) as e:
         write_outputs(small_run, str(out), plots=True)
     kept = glob.glob(str(tmp_path / f"{KEPT_PREFIX}*" / "result.json"))
@@ -167,22 +174,11 @@ def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, monke
     json.loads(open(kept[0]).read())
 
 
-def test_failed_runs_partial_result_is_kept_when_out_is_full(tmp_path, monkeypatch, capsys):
+def test_failed_runs_partial_result_is_kept_when_out_is_full(tmp_path, full_out, capsys):
     """A failed run's partial_result.json too: kept in the temp dir when --out can't take it."""
     from ddp_helpers.train import main
 
-    real_save = TrainResult.save
-    out = tmp_path / "out"
-
-    def save(self, path):
-        if str(path).startswith(str(out)):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(self, path)
-
-    monkeypatch.setattr(TrainResult, "save", save)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-    monkeypatch.setattr(tempfile, "tempdir", None)
+    out = full_out
     code = main(["--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--fault-rank", "1",
                  "--fault-step", "4", "--start-method", "fork", "--out", str(out)])
     err = capsys.readouterr().err
