@@ -141,13 +141,19 @@ def test_memory_sampler_reads_meminfo_and_sees_an_allocation():
         os.close(fd)
     assert abs(fast - (info["MemTotal"] - info["MemAvailable"]) / 1024) < 64  # MB; the system moves in between
     assert math.isnan(bench._memory_used_mb(-1))  # an unreadable file gives NaN, not an exception
-    with bench.MemoryPeak() as used:
-        block = bytearray(2**30)
-        block[::4096] = b"\1" * len(block[::4096])  # touch every page, so the memory is really in use
-        time.sleep(0.1)  # ten sampling periods
-        del block
-    # The measure is system-wide: other processes (another program's ending) move it by ~100-200 MB.
-    assert used.added_mb > 512, (used.base, used.peak)
+    # The measure is system-wide: another worker's process ending in the same 0.1 s hands back 100-600 MB, so
+    # one reading can fall short; a sampler that misses the 1 GiB block falls short every time.
+    readings = []
+    for _ in range(3):
+        with bench.MemoryPeak() as used:
+            block = bytearray(2**30)
+            block[::4096] = b"\1" * len(block[::4096])  # touch every page, so the memory is really in use
+            time.sleep(0.1)  # ten sampling periods
+            del block
+        readings.append((used.base, used.peak, used.added_mb))
+        if used.added_mb > 512:
+            break
+    assert max(added for _, _, added in readings) > 512, readings
 
 
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
