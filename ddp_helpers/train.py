@@ -191,17 +191,39 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
                     threads, cfg.bind_cores)
 
 
-def _check_out(out: str, cfg: TrainConfig, plots: bool) -> None:
-    """Refuse an --out that can't hold result.json and the plots (an existing file, read-only, /proc, full)."""
-    from .engine.config import ConfigError
+def _writes_results() -> bool:
+    """Does this process write result.json and the plots? (Under torchrun only global rank 0 does.)"""
+    from .ranks.env import under_torchrun
+
+    return not under_torchrun() or os.environ["RANK"] == "0"
+
+
+def _check_paths(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """The path checks that need no torch, made before any process starts: --out can be written, --resume-from
+    is a file, --checkpoint-dir can be made. A typo there costs a tenth of a second, not a forkserver importing torch."""
+    from .engine.config import ConfigError, check_resume_path, check_writable_dir
     from .engine.fileio import probe_output_dir
+
+    check_resume_path(cfg.resume_from)
+    if cfg.checkpoint_dir is not None:
+        check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
+    if _writes_results():
+        try:
+            probe_output_dir("--out", args.out)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _check_room(out: str, cfg: TrainConfig, plots: bool) -> None:
+    """Refuse an --out whose file system can't hold result.json and the plots (it was probed already)."""
+    from .engine.config import ConfigError
     from .outputs import check_room
     from .ranks.env import under_torchrun
 
     if under_torchrun():  # torchrun's --nproc-per-node x --nnodes decides how many ranks' records are written
         cfg = cfg.replace(world_size=int(os.environ["WORLD_SIZE"]))
     try:
-        check_room(probe_output_dir("--out", out), cfg, plots)
+        check_room(os.path.expanduser(out), cfg, plots)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -223,9 +245,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .cli_words import as_flags
     from .engine.config import ConfigError, check_types
 
-    try:  # a flag's value first: the modules below import torch (~2 s) before they could say it
+    try:  # the flags' values and paths first: the modules below import torch (~2 s) before they could say it
         cfg = config_from_args(args)
         check_types(cfg)
+        _check_paths(args, cfg)
     except ConfigError as e:
         print(f"error: {as_flags(str(e))}", file=sys.stderr)
         return 2
@@ -236,10 +259,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .ranks.launcher import LaunchError, RankFailedError
 
     try:
-        torchrun = under_torchrun()
-        if not torchrun or os.environ["RANK"] == "0":  # the process that will write the results
-            _check_out(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
-        if torchrun:
+        if _writes_results():
+            _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
+        if under_torchrun():
             from .ranks.torchrun_errors import record_atomically
 
             # elastic's @record: an error leaves torchrun's error file, so the agent names this rank's traceback

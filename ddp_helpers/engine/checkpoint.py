@@ -140,15 +140,11 @@ def refuse_resume(cfg: TrainConfig, what: str) -> ConfigError:
 
 
 def _read_for_resume(cfg: TrainConfig) -> Any:
-    """The checkpoint's contents, or a ConfigError saying why the file can't be read (never torch's own text)."""
+    """The checkpoint's contents, or a ConfigError saying why the file can't be read (never torch's own text).
+
+    Its path was checked by validate (config.check_resume_path): a readable file.
+    """
     path = os.path.expanduser(str(cfg.resume_from))
-    try:
-        with open(path, "rb"):  # opened here, not by torch.load: an unreadable file is named as one
-            pass
-    except OSError as e:
-        raise ConfigError(f"TrainConfig.resume_from={cfg.resume_from!r} is not accepted: this user can't read the "
-                          f"file ({e.strerror or e}); make it readable for this user (chmod a+r {path}), run as its "
-                          "owner, or set resume_from=None to start over") from None
     size = os.path.getsize(path)
     if size == 0:
         raise refuse_resume(cfg, "the file is empty (0 bytes)")

@@ -229,7 +229,8 @@ def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_por
 
 
 def check_resume_path(resume_from: Optional[str]) -> None:
-    """Refuse a resume_from that is not a file: a folder (naming its latest checkpoint) or nothing at all."""
+    """Refuse a resume_from that is not a file this user can read: a folder (naming its latest checkpoint), nothing
+    at all, or a file without read permission. Stdlib only: the command line checks it before torch loads."""
     if resume_from is None or resume_from == RESUME_LATEST:  # "latest" is resolved when the job starts
         return
     path = os.path.expanduser(str(resume_from))
@@ -248,6 +249,13 @@ def check_resume_path(resume_from: Optional[str]) -> None:
     if why:
         raise _bad("resume_from", resume_from, f"an existing checkpoint file (ckpt-*.pt written by a run); {path!r} "
                                                f"{why}")
+    try:
+        with open(path, "rb"):  # opened here, not by torch.load: an unreadable file is named as one
+            pass
+    except OSError as e:
+        raise ConfigError(f"TrainConfig.resume_from={resume_from!r} is not accepted: this user can't read the file "
+                          f"({e.strerror or e}); make it readable for this user (chmod a+r {path}), run as its owner, "
+                          "or set resume_from=None to start over") from None
 
 
 def check_writable_dir(name: str, path: str) -> None:

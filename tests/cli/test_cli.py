@@ -79,6 +79,27 @@ def test_a_bad_flag_value_is_said_before_torch_is_imported(flags, tmp_path):
     assert p.stderr.startswith(f"error: {flags[0]} ") and "is not accepted" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--out", "{tmp}/file"], "--out '{tmp}/file' is an existing file, not a folder"),
+    (["--resume-from", "{tmp}"], "--resume-from {tmp} is not accepted: it is a directory"),
+    (["--resume-from", "{tmp}/nope.pt"], "--resume-from {tmp}/nope.pt is not accepted: an existing checkpoint file"),
+    (["--checkpoint-dir", "{tmp}/file/ck"], "--checkpoint-dir {tmp}/file/ck is not accepted: a directory this user "
+                                            "can write ('{tmp}/file' is a file"),
+], ids=["out-is-a-file", "resume-from-a-folder", "resume-from-nothing", "checkpoint-dir-under-a-file"])
+def test_a_bad_path_is_said_before_any_process_starts(flags, said, tmp_path):
+    """A path that can't work is refused before the forkserver starts (it would import torch for nothing)."""
+    (tmp_path / "file").write_text("x")
+    code = ("import sys, psutil; from ddp_helpers.train import main; code = main(sys.argv[1:]); "
+            "print(code, 'torch' in sys.modules, len(psutil.Process().children()))")
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]
+    p = subprocess.run([sys.executable, "-c", code, "--dataset", "mnist-5k", *flags, *out], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert p.stdout.split() == ["2", "False", "0"], (p.stdout, p.stderr)  # exit 2, no torch, no process started
+    assert p.stderr.startswith("error: " + said.replace("{tmp}", str(tmp_path))), p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+
+
 # ------------------------------------------------------------------ errors in the words of the command line
 FIELD_WORDS = re.compile(r"TrainConfig|\b[a-z]+(?:_[a-z]+)*=")  # a field (resume_from=None) instead of a flag
 
@@ -143,13 +164,16 @@ def test_as_flags_translates_fields_to_flags(message, expected):
     assert as_flags(message) == expected
 
 
-@pytest.mark.slow
-def test_cli_failure_keeps_partial_metrics(tmp_path):
+def test_cli_failure_keeps_partial_metrics(tmp_path, capsys):
+    """In this process (test_cli_end_to_end runs the command line as one of its own)."""
+    from ddp_helpers.train import main
+
     out = tmp_path / "run"
-    p = _cli(["--dataset", "mnist-5k", "--max-steps", "8", "--fault-rank", "1", "--fault-step", "4",
-              "--out", str(out)], tmp_path)
-    assert p.returncode == 1
-    assert "rank 1 failed" in p.stderr and "InjectedFault" in p.stderr
+    code = main(["--dataset", "mnist-5k", "--max-steps", "8", "--fault-rank", "1", "--fault-step", "4",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("error: rank 1 failed: InjectedFault: ") and "partial_result.json" in err, err
     partial = TrainResult.load(str(out / "partial_result.json"))
     assert not partial.complete and partial.n_steps == 4
 
@@ -236,25 +260,43 @@ def _mnist_downloadable() -> bool:
     return sources._mirrors_reachable(datasets.MNIST.mirrors)
 
 
-@pytest.mark.parametrize("folder", ["missing", "empty"])
+def _check_explicit_root_refusal(root, tmp_path, code: int, out: str, err: str) -> None:
+    assert code == 2 and out == "", (code, out, err)
+    assert err.startswith(f"error: --data-root {root} holds no MNIST: {root / 'MNIST' / 'raw'} lacks "), err
+    assert "use --dataset mnist-5k" in err and f"write-mnist {root}" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err and "[ddp_helpers]" not in err, err
+    assert not list(tmp_path.glob("ddp_helpers-ranks-*")), "refused before any rank started"
+    assert not (tmp_path / "out" / "result.json").exists()
+
+
 @pytest.mark.slow
-def test_cli_explicit_data_root_without_mnist_is_exit_2(folder, tmp_path):
+def test_cli_explicit_data_root_without_mnist_is_exit_2(tmp_path):
     """`--data-root ~/data/MNIST_dta` (a typo, no MNIST there) is an error, not 4,000 other digits and exit 0."""
     if _mnist_downloadable():
         pytest.skip("a MNIST mirror is reachable: the folder would be filled by a download")
     root = tmp_path / "MNIST_dta"
-    if folder == "empty":
-        root.mkdir()
     env = {**ENV, "TMPDIR": str(tmp_path)}  # the ranks' log folders would appear here if any rank started
     p = subprocess.run([sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist", "--data-root", str(root),
                         "--max-steps", "5", "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=180)
-    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
-    assert p.stderr.startswith(f"error: --data-root {root} holds no MNIST: {root / 'MNIST' / 'raw'} lacks "), p.stderr
-    assert "use --dataset mnist-5k" in p.stderr and f"write-mnist {root}" in p.stderr, p.stderr
-    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr and "[ddp_helpers]" not in p.stderr, p.stderr
-    assert not list(tmp_path.glob("ddp_helpers-ranks-*")), "refused before any rank started"
-    assert not (tmp_path / "out" / "result.json").exists()
+    _check_explicit_root_refusal(root, tmp_path, p.returncode, p.stdout, p.stderr)
+
+
+def test_cli_explicit_data_root_that_is_an_empty_folder_is_exit_2(tmp_path, monkeypatch, capsys):
+    """The same refusal for a folder that exists but holds nothing (in this process: the test above ran one)."""
+    import tempfile
+
+    from ddp_helpers.train import main
+
+    if _mnist_downloadable():
+        pytest.skip("a MNIST mirror is reachable: the folder would be filled by a download")
+    root = tmp_path / "MNIST_dta"
+    root.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the ranks' log folders would appear here if any rank started
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    code = main(["--dataset", "mnist", "--data-root", str(root), "--max-steps", "5", "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    _check_explicit_root_refusal(root, tmp_path, code, captured.out, captured.err)
 
 
 class _Started(Exception):
@@ -282,7 +324,7 @@ def test_cli_starts_the_forkserver_before_its_own_imports(monkeypatch, tmp_path,
     monkeypatch.setattr(ddp_helpers.ranks.startmethod, "warm_up", warm_up)
     monkeypatch.setattr(ddp_helpers.ranks.env, "under_torchrun", lambda: under_torchrun)
     monkeypatch.setenv("RANK", "0")  # torchrun's rank 0 checks --out; read only under torchrun
-    monkeypatch.setattr("ddp_helpers.train._check_out", check_out)
+    monkeypatch.setattr("ddp_helpers.train._check_room", check_out)
     with pytest.raises(_Started) as started:
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
     assert (started.traceback[-1].name == "warm_up") == warmed  # where main stopped
