@@ -8,10 +8,7 @@ import pickle
 import sys
 import time
 import uuid
-from typing import Any, Callable, List, Optional
-
-import torch
-from torch.multiprocessing.spawn import ProcessContext, ProcessException
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..engine.config import ConfigError, check_address, default_threads, resolve_backend
 from .boot import rank_main
@@ -22,6 +19,12 @@ from .procs import binding_plan, kill_group
 from .report import RankFailedError, diagnose, raised_in_collective, read_reports
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .store import bind_listener, serve_store
+
+if TYPE_CHECKING:
+    from torch.multiprocessing.spawn import ProcessContext
+
+# torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
+# module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
 
 __all__ = ["LaunchError", "RankFailedError", "check_launch", "check_start_method", "launch", "raised_in_collective"]
 
@@ -42,13 +45,19 @@ def check_start_method(start_method: str) -> str:
     if method not in multiprocessing.get_all_start_methods():
         raise LaunchError(f"start_method={start_method!r} is not available on {sys.platform}; use "
                           "start_method='auto' (forkserver where available, else spawn)")
-    if method == "fork" and torch.cuda.is_initialized():
+    if method == "fork" and _cuda_initialized():
         raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
                           "forked child can't use it. Use start_method='auto' (the default), which starts the ranks "
                           "from a clean server process")
     if method != "fork":
         _check_main_module(method)
     return method
+
+
+def _cuda_initialized() -> bool:
+    import torch  # a forked rank is a copy of this process, so it holds torch anyway
+
+    return torch.cuda.is_initialized()
 
 
 def _check_main_module(method: str) -> None:
@@ -136,6 +145,8 @@ def _listen(host: str, port: int):
 def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred) -> ProcessContext:
     """Start the rank processes; torch's ProcessContext then watches them (its error files are never written:
     ranks report through files of the log folder)."""
+    from torch.multiprocessing.spawn import ProcessContext
+
     if method == "fork":
         # DDP's constructor imports torch._dynamo (~3 s here). Importing it once in the parent means every
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
@@ -156,6 +167,8 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
 def _supervise(context: ProcessContext, method: str, log_dir: str, world_size: int,
                on_poll: Optional[Callable[[], None]], poll_s: float) -> List[Any]:
     """Wait for every rank; on the first failure end them all (torch's join) and raise RankFailedError."""
+    from torch.multiprocessing.spawn import ProcessException
+
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)  # its "Terminating process <pid>" warnings: RankFailedError tells the story

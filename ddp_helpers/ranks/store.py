@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import datetime
 import socket
-import torch.distributed as dist
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -24,8 +27,10 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
+def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: float) -> TCPStore:
     """Start the store's server on the bound socket; the ranks join it as clients (see env.launched_env)."""
+    import torch.distributed as dist  # here, not at import: launcher imports this module (see there)
+
     port = sock.getsockname()[1]
     store = dist.TCPStore(host, port, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)

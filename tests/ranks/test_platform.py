@@ -91,6 +91,14 @@ PARENT = textwrap.dedent("""
 """)
 
 
+def test_importing_launch_leaves_torch_unloaded():
+    """A spawned rank re-imports its program's main module before boot.rank_main ties its life to the parent's: a
+    script that imports only `launch` (PARENT above) gets there in a fraction of a second, not after torch."""
+    code = "import sys; from ddp_helpers import launch; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("method, moment", [("auto", "starting"), ("auto", "running"), ("spawn", "starting"),
                                             ("spawn", "running")])
 @pytest.mark.slow

@@ -365,11 +365,11 @@ def test_two_runs_at_the_same_time_from_two_processes(tmp_path):
     assert a.ranks[0].param_fingerprint == b.ranks[0].param_fingerprint
 
 
-def test_two_launches_in_one_process_get_different_ports():
+def test_two_launches_in_one_process_get_different_ports(monkeypatch):
     ports = []
-    from ddp_helpers.ranks import store as S
+    import torch.distributed as dist  # ranks/store.py's serve_store reads dist.TCPStore when it is called
 
-    orig = S.dist.TCPStore
+    orig = dist.TCPStore
 
     def spy(*a, **k):
         store = orig(*a, **k)
@@ -377,16 +377,13 @@ def test_two_launches_in_one_process_get_different_ports():
             ports.append(store.port)
         return store
 
-    S.dist.TCPStore = spy
-    try:
-        # The default start method: forking from a process with a second launch running in another thread could
-        # copy that thread's locks into the children (what Python warns about for fork in threaded programs).
-        th = threading.Thread(target=lambda: launch(_hello, 2))
-        th.start()
-        launch(_hello, 2)
-        th.join()
-    finally:
-        S.dist.TCPStore = orig
+    monkeypatch.setattr(dist, "TCPStore", spy)
+    # The default start method: forking from a process with a second launch running in another thread could
+    # copy that thread's locks into the children (what Python warns about for fork in threaded programs).
+    th = threading.Thread(target=lambda: launch(_hello, 2))
+    th.start()
+    launch(_hello, 2)
+    th.join()
     assert len(ports) == 2 and ports[0] != ports[1]
 
 
