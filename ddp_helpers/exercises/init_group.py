@@ -133,7 +133,12 @@ def _watch_and_test(rank: int, world_size: int, student_fn: Callable, port: int)
             raise Mistake(*problem)
         if a.get("timeout") is None:  # a safety net: a mismatch then ends in seconds, not the default 30 min
             a["timeout"] = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-        return original(**a)
+        result = original(**a)
+        # Every rank's group complete before any learner code runs on: a rank that destroys the group at once
+        # (the "destroyed" mistake) would otherwise cut off a peer still connecting, whose error would read as
+        # a collective it waited in alone (seen on a loaded machine, 2 runs in 30).
+        dist.barrier()
+        return result
 
     dist.init_process_group = watched  # this rank is a forked copy: the patch never reaches the notebook
     swap_globals(student_fn, original, watched)
