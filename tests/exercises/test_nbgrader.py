@@ -34,15 +34,32 @@ def _points() -> dict:
     return {_nbgrader(c)["grade_id"]: _nbgrader(c)["points"] for c in nb.cells if _nbgrader(c).get("grade")}
 
 
+# Graded here: the solved sample and the one with two mistakes, whose exercises 5-7 are blank (so blank cells are
+# graded too). make grade's third sample, the blank release, would cost one more kernel to show what those cells
+# and test_blank_says_not_done_yet (every exercise, in test_exercises.py) show already.
+GRADED = ("sample-solved", "sample-two-mistakes")
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """A course folder: the assignment generated, the three sample submissions autograded, feedback written."""
+    """A course folder: the assignment generated, two sample submissions autograded, feedback written."""
     course = tmp_path_factory.mktemp("course")
     grading.generate(course)
     for student, answers in grading.sample_submissions().items():
-        grading.submit(course, student, answers)
+        if student in GRADED:
+            grading.submit(course, student, answers)
     grading.autograde(course)
     return course
+
+
+def _cell_scores(course: Path, student: str) -> dict:
+    """grade_id -> points the autograder gave this student's graded cell."""
+    from nbgrader.api import Gradebook
+
+    notebook = grading.NOTEBOOK.removesuffix(".ipynb")
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        graded = gb.find_submission_notebook(notebook, grading.ASSIGNMENT, student)
+        return {grade.name: grade.score for grade in graded.grades}
 
 
 def _feedback(course: Path, student: str) -> str:
@@ -104,9 +121,14 @@ def test_solutions_get_full_marks(course):
 
 
 @pytest.mark.slow
-def test_blank_release_gets_zero(course):
-    assert grading.scores(course)["sample-blank"][0] == 0
-    assert "NOT DONE YET" in _feedback(course, "sample-blank")
+def test_blank_cells_get_zero_and_say_not_done_yet(course):
+    blank = [name for name in EXERCISES if name not in grading.sample_submissions()["sample-two-mistakes"]]
+    assert blank, "the sample with two mistakes leaves some exercises blank"
+    cells = _cell_scores(course, "sample-two-mistakes")
+    assert sorted(cells) == sorted(f"check_{n}" for n in EXERCISES), cells
+    assert all(cells[f"check_{name}"] == 0 for name in blank), cells
+    page = _feedback(course, "sample-two-mistakes")
+    assert all(f"NOT DONE YET {name}: " in page for name in blank), page[:2000]
 
 
 @pytest.mark.slow
@@ -114,6 +136,8 @@ def test_wrong_answers_get_partial_marks_and_each_its_hint(course):
     student = "sample-two-mistakes"
     points = _points()
     assert grading.scores(course)[student][0] == sum(points[f"check_{n}"] for n in ("init_group", "shard_indices"))
+    cells = _cell_scores(course, student)
+    assert cells["check_init_group"] == points["check_init_group"] and cells["check_global_mean"] == 0, cells
     page = _feedback(course, student)
     failures = re.findall(r"AssertionError ?: (.{0,400})", page)  # the hidden tests', each with its mistake
     for exercise_name, mistake in (("global_mean", "no_divide"), ("make_loader", "no_set_epoch")):

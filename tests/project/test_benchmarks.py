@@ -61,11 +61,12 @@ def _load(script: str):
     return module
 
 
-def _refusal(script: str, args, monkeypatch, capsys) -> tuple:
-    """benchmarks/<script>'s main() with these arguments, in this process: (exit status, what it wrote to stderr).
+def _in_process(script: str, args, monkeypatch, capsys) -> tuple:
+    """benchmarks/<script>'s main() with these arguments, in this process: (exit status, stdout, stderr).
 
-    A refusal happens while the arguments are read, before any measuring: a process of its own would spend its
-    seconds importing torch only to print one line (the scripts' real runs are tested as processes above).
+    Its ranks come from this worker's forkserver: a process of its own would spend ~10 s of CPU importing torch
+    twice (itself and its forkserver) before measuring anything. Scripts that pin their own process to a core or
+    start their ranks with spawn, to measure them as their children, run as processes (_bench).
     """
     module = _load(script)
     monkeypatch.setattr(sys, "argv", [script, *args])
@@ -74,7 +75,14 @@ def _refusal(script: str, args, monkeypatch, capsys) -> tuple:
         code = module.main()
     except SystemExit as e:  # argparse's p.error
         code = e.code
-    return code, capsys.readouterr().err
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _refusal(script: str, args, monkeypatch, capsys) -> tuple:
+    """A refusal happens while the arguments are read, before any measuring: (exit status, what went to stderr)."""
+    code, _, err = _in_process(script, args, monkeypatch, capsys)
+    return code, err
 
 
 def _table(stdout: str) -> dict:
@@ -84,14 +92,14 @@ def _table(stdout: str) -> dict:
     return {c[0]: c[1:] for c in cells[1:]}
 
 
-@pytest.mark.slow
-def test_allreduce_latency_prints_one_row_per_collective():
-    out = _bench("allreduce_latency.py", "--iters", "5", "--rounds", "1", "--markdown", timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [line for line in out.stdout.splitlines() if re.match(r"\| all-(reduce|gather) \d", line)]
+def test_allreduce_latency_prints_one_row_per_collective(monkeypatch, capsys):
+    code, stdout, stderr = _in_process("allreduce_latency.py", ["--iters", "5", "--rounds", "1", "--markdown"],
+                                       monkeypatch, capsys)
+    assert code == 0, stderr[-3000:]
+    rows = [line for line in stdout.splitlines() if re.match(r"\| all-(reduce|gather) \d", line)]
     labels = [r.split("|")[1].strip() for r in rows]
     assert labels == ["all-reduce 1", "all-reduce 2", "all-reduce 4", "all-reduce 64", "all-reduce 1024",
-                      "all-reduce 7850", "all-reduce 32768", "all-gather 7850"], out.stdout
+                      "all-reduce 7850", "all-reduce 32768", "all-gather 7850"], stdout
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert int(cells[1].replace(",", "")) == int(cells[0].split()[1]) * 4  # bytes of float32
@@ -106,16 +114,17 @@ def test_allreduce_latency_refuses_bad_counts(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_bench_pipelines_prints_every_configuration_and_the_targets():
+def test_bench_pipelines_prints_every_configuration_and_the_targets(monkeypatch, capsys):
     # The default start method (a forkserver with torch preloaded) instead of the script's spawn: the table and
     # the targets are the same code either way, and five spawned pairs of ranks importing torch cost ~80% of it.
-    out = _bench("bench_pipelines.py", "--dataset", "mnist-5k", "--repeats", "1", "--seed-repeats", "1", "--markdown",
-                 "--start-method", "auto", timeout=270)  # under pytest-timeout's 300 s
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in out.stdout.splitlines()
+    code, stdout, stderr = _in_process("bench_pipelines.py", ["--dataset", "mnist-5k", "--repeats", "1",
+                                                              "--seed-repeats", "1", "--markdown", "--start-method",
+                                                              "auto"], monkeypatch, capsys)
+    assert code == 0, stderr[-3000:]
+    rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in stdout.splitlines()
                               if line.startswith("| seed") or line.startswith("| default"))}
     assert set(rows) == {"seed pipeline (Listing 7.2)", "seed pipeline, cores bound", "default, full telemetry",
-                         "default, bare loop", "default, full telemetry, no binding"}, out.stdout
+                         "default, bare loop", "default, full telemetry, no binding"}, stdout
     for name, c in rows.items():
         wall, startup, loop = float(c[1]), float(c[2]), float(c[3])
         assert 0 < startup < wall and 0 < loop < wall, c
@@ -126,7 +135,7 @@ def test_bench_pipelines_prints_every_configuration_and_the_targets():
         # (CI read 0 for a seed run). That the sampler sees an allocation is test_memory_sampler_... below.
         assert math.isfinite(float(c[8])) and float(c[8]) >= 0, c
     for target in ("default end to end vs seed:", "default loop vs seed loop:", "telemetry overhead:"):
-        assert target in out.stdout
+        assert target in stdout
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo (not Linux)")
