@@ -212,8 +212,10 @@ def test_rank_that_raises_ends_the_job_with_its_error(start_method):
     err = e.value
     assert err.rank == 1 and isinstance(err.original, InjectedFault) and err.__cause__ is err.original
     assert "inject_fault" in err.traceback_text and "rank 1 failed" in str(err)
-    assert elapsed < 10 + (8 if start_method == "spawn" else 0), f"took {elapsed:.1f} s"  # spawn: ~6 s start-up
     partial = err.partial_result
+    # Ended within 10 s of the ranks' start: their start-up (spawn: each imports torch, 3-9 s with the machine's
+    # load) is not part of the promise.
+    assert elapsed - partial.startup_s < 10, f"took {elapsed:.1f} s, {partial.startup_s:.1f} s of them starting"
     assert not partial.complete and [len(r) for r in partial.ranks] == [5, 5]
     assert np.isfinite(partial.ranks[0].loss).all() and partial.fingerprints_agree()
     assert _port_is_free(port), "the rendezvous port must be free again"
