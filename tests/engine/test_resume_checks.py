@@ -200,7 +200,9 @@ def test_cli_unreadable_checkpoint_is_one_line_and_exit_2(unreadable_checkpoint,
                     reason="torchrun not installed next to this Python")
 @pytest.mark.slow
 def test_torchrun_unreadable_checkpoint_is_named_by_every_rank(unreadable_checkpoint, tmp_path):
-    """Under torchrun each rank runs check_job itself: each says so in one line and exits 2 (torchrun then 1)."""
+    """Under torchrun each rank checks the path itself, before importing torch: a rank that refuses says so in one
+    line and exits 2 (torchrun then 1). The first to exit ends the job (the agent stops the others), so the other
+    rank may be stopped before it prints its own line."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddp_helpers.train", "--dataset", "mnist-5k",
            "--max-steps", "12", "--threads-per-rank", "1", "--resume-from", unreadable_checkpoint,
@@ -209,7 +211,7 @@ def test_torchrun_unreadable_checkpoint_is_named_by_every_rank(unreadable_checkp
                        timeout=240)
     assert p.returncode != 0
     errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 2, p.stderr[-3000:]
+    assert 1 <= len(errors) <= 2, p.stderr[-3000:]
     for line in errors:
         _assert_unreadable_named(line, unreadable_checkpoint)
     assert "PermissionError" not in p.stderr and re.search(r"exitcode\s*:\s*2\b", p.stderr), p.stderr[-3000:]
