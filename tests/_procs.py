@@ -1,6 +1,7 @@
 """Process checks shared by the tests that kill a parent and look for what outlived it."""
 from __future__ import annotations
 
+import signal
 import time
 
 import psutil
@@ -46,3 +47,14 @@ def survivors_of_killed(parent, timeout: float = 5.0) -> list[str]:
     parent.kill()
     parent.wait()
     return describe_and_kill(outliving(family, timeout))
+
+
+def default_signals() -> None:
+    """preexec_fn for a child the test will signal: SIGINT, SIGTERM and SIGHUP at their defaults in it.
+
+    An ignored signal stays ignored across exec, and pytest may run with some ignored (`nohup make test &`
+    ignores SIGHUP, a background job of a script SIGINT); the child would then rightly ignore what the test
+    sends. (Python installs its KeyboardInterrupt handler only where SIGINT starts at the default.)
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

@@ -111,23 +111,23 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     if init_group:
         _check_binding(world_size, threads, backend, bind_cores)
     log_dir = new_log_dir()
-    context: Optional[ProcessContext] = None
+    procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
     listener = store = None
     with EndOnSignals():
         try:
             listener = _listen(host, port)  # before the ranks start: its port is part of their environment
             env = launched_env(0, world_size, host, listener.getsockname()[1], f"ddp_helpers-{uuid.uuid4().hex[:8]}")
             spec = RankSpec(env, log_dir, backend, timeout_s, threads, bind_cores, init_group)
-            context = _start_ranks(method, world_size, spec, Deferred((fn, args)))
+            context = _start_ranks(method, world_size, spec, Deferred((fn, args)), procs)
             # The store's server starts only now, after the ranks exist: a forked child must not inherit its
             # thread (it could hold a lock at the moment of the fork, and the child would hang in the rendezvous).
             store = serve_store(listener, host, world_size, timeout_s)
             outputs = _supervise(context, method, log_dir, world_size, on_poll, poll_s)
         except BaseException:
-            _end_launch(context, log_dir, wait_s=0.0)  # KeyboardInterrupt included: nothing outlives the call
+            _end_launch(procs, log_dir, wait_s=0.0)  # KeyboardInterrupt included: nothing outlives the call
             raise
         else:
-            _end_launch(context, log_dir, wait_s=10.0)  # every rank reported: they are exiting now
+            _end_launch(procs, log_dir, wait_s=10.0)  # every rank reported: they are exiting now
             return outputs
         finally:
             store = None  # noqa: F841 - frees the port for the next run
@@ -142,9 +142,10 @@ def _listen(host: str, port: int):
         raise LaunchError(f"launch(port={port}) can't listen on {host}: {e}; use port=0 (a free port)") from None
 
 
-def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred) -> ProcessContext:
-    """Start the rank processes; torch's ProcessContext then watches them (its error files are never written:
-    ranks report through files of the log folder)."""
+def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred,
+                 procs: List[Any]) -> ProcessContext:
+    """Start the rank processes, appending each to procs; torch's ProcessContext then watches them (its error
+    files are never written: ranks report through files of the log folder)."""
     from torch.multiprocessing.spawn import ProcessContext
 
     if method == "fork":
@@ -154,7 +155,6 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
     elif method == "forkserver":
         prepare_forkserver()
     ctx = multiprocessing.get_context(method)
-    procs = []
     for rank in range(world_size):
         p = ctx.Process(target=rank_main, args=(rank, spec, payload), name=f"ddp_helpers-rank{rank}", daemon=False)
         p.start()
@@ -232,17 +232,16 @@ def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[i
         time.sleep(0.02)
 
 
-def _end_launch(context: Optional[ProcessContext], log_dir: str, wait_s: float) -> None:
+def _end_launch(procs: List[Any], log_dir: str, wait_s: float) -> None:
     """Reap or stop every rank, end what they started, remove the log folder: nothing of the launch outlives it."""
     import shutil
 
     try:
-        if context is not None:
-            _join_all(context.processes, wait_s)  # a rank that reported its value exits at once; one that doesn't ...
-            stop_processes(context.processes)  # ... is ended here
-            for p in context.processes:
-                if p.pid is not None:
-                    kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
+        _join_all(procs, wait_s)  # a rank that reported its value exits at once; one that doesn't ...
+        stop_processes(procs)  # ... is ended here
+        for p in procs:
+            if p.pid is not None:
+                kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 

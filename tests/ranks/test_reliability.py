@@ -17,7 +17,7 @@ import torch
 from ddp_helpers import RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers.ranks import cleanup as C
 
-from _procs import describe_and_kill, outliving
+from _procs import default_signals, describe_and_kill, outliving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
@@ -42,7 +42,7 @@ def test_a_signal_to_the_parent_stops_the_ranks_and_removes_the_log_folder(tmp_p
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=ROOT, env=_env(tmp_path))
+                              text=True, cwd=ROOT, env=_env(tmp_path), preexec_fn=default_signals)
     assert parent.stdout.readline().strip() == "training"
     deadline = time.monotonic() + 60
     while not glob.glob(str(tmp_path / (C.LOG_DIR_PREFIX + "*"))) and time.monotonic() < deadline:
