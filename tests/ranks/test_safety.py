@@ -309,8 +309,8 @@ def test_keyboard_interrupt_in_the_notebook_ends_every_child():
 
 
 def test_an_interrupt_while_the_ranks_start_ends_those_already_running(monkeypatch):
-    # Ctrl-C (or any error) after the ranks exist but before the launcher watches them: they must end too, or
-    # they wait in the rendezvous and the program's exit hangs joining them (seen once under load in make test).
+    # Ctrl-C (or any error) after a rank started but before the launcher watches them: those started must end
+    # too, or they wait in the rendezvous and the program's exit hangs joining them.
     import torch.multiprocessing.spawn  # noqa: F401 - the module; its name is shadowed by the function spawn
 
     started = []
