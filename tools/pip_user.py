@@ -96,6 +96,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         plugins = pathlib.Path(work) / "plugins"  # nbval_ipc alone, so the kernels can import nothing else of tools/
         plugins.mkdir()
         shutil.copyfile(ROOT / "tools" / "nbval_ipc.py", plugins / "nbval_ipc.py")
+        if os.environ.get("SUITE_CPU_PLUGIN"):  # run under tools/suite_cpu.py: its plugin, which PYTEST_PLUGINS names
+            shutil.copy(os.environ["SUITE_CPU_PLUGIN"], plugins)
         env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(plugins)]))
         command = [sys.executable, "-m", "pytest", "-p", "nbval_ipc", "--nbval", *paths, "--nbval-sanitize-with",
                    str(ROOT / "notebooks" / "nbval_sanitize.cfg"), "-c", str(ROOT / "pyproject.toml"),
