@@ -47,8 +47,10 @@ NUMERIC_NBS   = notebooks/03_ddp_gradient_sync.ipynb notebooks/04_two_process_mn
 XDIST ?= -n 2
 test: test-unit test-notebooks
 
+# -p no:nbval: the unit tests don't use it, and loading it costs each pytest process ~2.4 s of CPU here (it imports
+# nbformat, whose jsonschema builds ~35 parsers at import: python-jsonschema/jsonschema#1428).
 test-unit: env
-	$(PY) -m pytest tests -q $(XDIST)
+	$(PY) -m pytest tests -q $(XDIST) -p no:nbval
 
 test-notebooks: env
 	$(PY) tools/pip_user.py -- -q $(XDIST) --dist loadfile
