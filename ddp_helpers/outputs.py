@@ -8,11 +8,14 @@ import tempfile
 from typing import List, Optional, Tuple
 
 from .engine.config import TrainConfig, check_types
-from .engine.model import build_model, n_params
+from .engine.steps import steps_per_epoch  # the same step count the run's plan will use
 
 # Training images per data set, at most (mnist falls back to 4,000 at the default folder): bounds the steps.
 MAX_TRAIN = {"mnist": 60000, "fashion-mnist": 60000, "mnist-5k": 4000}
 PLOT_NAMES = ("loss.png", "grad_norms.png", "fingerprints.png")
+# The listing's model, Flatten -> Linear(784, 10): weights and biases. A count, not the model, so that --out is
+# sized before torch is imported (test_outputs checks it against engine.model.build_model).
+MODEL_PARAMS = 28 * 28 * 10 + 10
 KEPT_PREFIX = "ddp_helpers-result-"  # folders in the temp dir holding results that --out could not take
 
 
@@ -30,13 +33,11 @@ def estimate_bytes(cfg: TrainConfig) -> Tuple[int, int]:
     Measured against real runs (mnist-5k and Fashion-MNIST, 1-8 ranks, 5-938 steps): result.json is 0.78-0.89
     of this estimate (0.25 without telemetry), the plots 0.15-0.46 (they grow with the ranks and the steps drawn).
     """
-    from .data import steps_per_epoch  # the same step count the run's plan will use
-
     check_types(cfg)  # a bad batch size is named as such, not met as a division by zero here
     per_epoch = -(-steps_per_epoch(MAX_TRAIN.get(cfg.dataset, 60000), cfg.world_size, cfg.batch_size,
                                    cfg.pipeline) // cfg.accumulation_steps)
     steps = min(cfg.epochs * per_epoch, cfg.max_steps or cfg.epochs * per_epoch)
-    params = n_params(build_model(cfg.seed))
+    params = MODEL_PARAMS
     per_rank_step = 200 + _b64(4 * cfg.batch_size * cfg.accumulation_steps)  # numbers, hashes, sample indices
     captures = sum(1 for s in set(cfg.capture_grad_steps) if s < steps)
     result = (16_000 + _b64(4 * params) + steps * cfg.world_size * per_rank_step

@@ -215,7 +215,7 @@ def _check_paths(args: argparse.Namespace, cfg: TrainConfig) -> None:
 
 
 def _check_room(out: str, cfg: TrainConfig, plots: bool) -> None:
-    """Refuse an --out whose file system can't hold result.json and the plots (it was probed already)."""
+    """Refuse an --out whose file system can't hold result.json and the plots (probed already; no torch needed)."""
     from .engine.config import ConfigError
     from .outputs import check_room
     from .ranks.env import under_torchrun
@@ -245,10 +245,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .cli_words import as_flags
     from .engine.config import ConfigError, check_types
 
-    try:  # the flags' values and paths first: the modules below import torch (~2 s) before they could say it
+    try:  # the flags' values, paths and room first: the modules below import torch (~2 s) before they could say it
         cfg = config_from_args(args)
         check_types(cfg)
         _check_paths(args, cfg)
+        if _writes_results():
+            _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
     except ConfigError as e:
         print(f"error: {as_flags(str(e))}", file=sys.stderr)
         return 2
@@ -259,8 +261,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .ranks.launcher import LaunchError, RankFailedError
 
     try:
-        if _writes_results():
-            _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
         if under_torchrun():
             from .ranks.torchrun_errors import record_atomically
 

@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..engine.fileio import ceil_div
+from ..engine.steps import steps_per_epoch  # noqa: F401 - part of this module's API (ddp_helpers.data)
 
 
 class DataError(RuntimeError):
@@ -66,12 +66,6 @@ def shard_indices(n: int, rank: int, world_size: int, seed: int, epoch: int, shu
     sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     sampler.set_epoch(epoch)  # without set_epoch every epoch would repeat the same order
     return torch.tensor(list(iter(sampler)), dtype=torch.int64)
-
-
-def steps_per_epoch(n: int, world_size: int, batch_size: int, pipeline: str = "default") -> int:
-    """Optimizer steps per epoch on each rank (equal on all ranks, so no rank waits forever)."""
-    per_rank = n if pipeline == "seed" else ceil_div(n, world_size)  # the seed listing has no sampler: all n
-    return ceil_div(per_rank, batch_size)
 
 
 # ------------------------------------------------------------------------------------ the seed's pipeline

@@ -9,7 +9,7 @@ from itertools import islice
 from typing import Callable, Iterable, Iterator, List, Tuple, TypeVar
 
 from .config import TrainConfig
-from ..data import steps_per_epoch
+from .steps import steps_per_epoch
 from .fileio import ceil_div
 
 T = TypeVar("T")
