@@ -89,9 +89,11 @@ class Sampler:
                 continue  # ended between listdir and the read
             rec = self.procs.get((int(pid), start))
             if rec is None:  # seen for the first time: CPU it had before the run started isn't the run's
-                rec = self.procs[(int(pid), start)] = {"ppid": ppid, "start": start / TICKS, "cmd": read_cmdline(pid),
-                                                       "cpu0": cpu if self.first else 0.0}
-            rec["cpu"] = cpu
+                rec = self.procs[(int(pid), start)] = {"pid": int(pid), "ppid": ppid, "start": start / TICKS,
+                                                       "cpu0": cpu if self.first else 0.0, "seen": 0}
+            if rec["seen"] < 3:  # read again: a child caught between fork and exec still shows its parent's
+                rec["cmd"] = read_cmdline(pid) or rec.get("cmd", "")
+            rec["cpu"], rec["seen"] = cpu, rec["seen"] + 1
         self.first = False
 
 
@@ -123,44 +125,62 @@ def attribute(procs: Dict[Key, dict], tests: List[dict]) -> Tuple[Dict[str, dict
 
     Returns per test {cpu, procs, wall, started} (cpu: the pytest process's own during the test plus its
     processes'; started: each of those processes' kind and CPU) and CPU per kind of process, counting only
-    processes below a pytest process that logged tests.
+    processes below a pytest process that logged tests. A pytest run inside a test (a test that runs pytest) is
+    one of that test's processes: its own tests' records are left out, so nothing is counted twice.
     """
+    by_pid: Dict[int, List[dict]] = collections.defaultdict(list)
+    for rec in sorted(procs.values(), key=lambda r: r["start"]):
+        by_pid[rec["pid"]].append(rec)
+    loggers = {t["pid"] for t in tests}
+    nested = {pid for pid in loggers if any(_owner(r, by_pid, loggers) is not None for r in by_pid.get(pid, ()))}
+    loggers -= nested
     by_pytest = collections.defaultdict(list)
     per_test: Dict[str, dict] = {}
-    for t in tests:
+    for t in (t for t in tests if t["pid"] in loggers):
         by_pytest[t["pid"]].append(t)
-        per_test[t["id"]] = {"cpu": t["cpu"], "procs": 0, "wall": t["t1"] - t["t0"], "started": []}
-    by_pid = {pid: rec for (pid, _), rec in procs.items()}  # for walking up: the newest process of each pid
+        entry = per_test.setdefault(t["id"], {"cpu": 0.0, "procs": 0, "wall": 0.0, "started": []})
+        entry["cpu"] += t["cpu"]  # the same id twice (two runs of one notebook): both count
+        entry["wall"] += t["t1"] - t["t0"]
     kinds: Dict[str, float] = collections.Counter()
-    for (pid, _), rec in procs.items():
-        owner = _pytest_ancestor(rec, by_pid, by_pytest)
+    for rec in procs.values():
+        owner = _owner(rec, by_pid, loggers)
         if owner is None:
             continue
         cpu = rec["cpu"] - rec["cpu0"]
-        test = _running_at(by_pytest[owner], rec["start"])
-        name = kind(rec["cmd"], by_pid.get(rec["ppid"], {}).get("cmd", ""))
+        parent = _parent(rec, by_pid)
+        name = kind(rec.get("cmd", ""), parent.get("cmd", "") if parent else "")
         kinds[name] += cpu
+        test = _running_at(by_pytest[owner], rec["start"])
         if test is not None:
-            per_test[test["id"]]["cpu"] += cpu
-            per_test[test["id"]]["procs"] += 1
-            per_test[test["id"]]["started"].append([name, round(cpu, 2)])
+            entry = per_test[test["id"]]
+            entry["cpu"] += cpu
+            entry["procs"] += 1
+            entry["started"].append([name, round(cpu, 2)])
     return per_test, dict(kinds)
 
 
 def _running_at(tests: List[dict], start: float) -> Optional[dict]:
-    """The test whose window holds start; else one within a clock tick of it (start times count in ticks)."""
-    for slack in (0.0, 1.5 / TICKS):
-        for t in tests:
-            if t["t0"] - slack <= start < t["t1"] + slack:
-                return t
-    return None
+    """The test during which a process started at `start` began.
+
+    /proc gives start times rounded down to a clock tick: one that began in a test's first milliseconds reads
+    as before it. So a window reaches a tick back, and of two that hold start the later one began it.
+    """
+    held = [t for t in tests if t["t0"] - 1.0 / TICKS < start < t["t1"]]
+    return max(held, key=lambda t: t["t0"]) if held else None
 
 
-def _pytest_ancestor(rec: dict, by_pid: Dict[int, dict], by_pytest: dict) -> Optional[int]:
+def _parent(rec: dict, by_pid: Dict[int, List[dict]]) -> Optional[dict]:
+    """rec's parent: the newest process with its parent's pid that started no later than rec (pids are reused)."""
+    older = [r for r in by_pid.get(rec["ppid"], ()) if r["start"] <= rec["start"]]
+    return older[-1] if older else None
+
+
+def _owner(rec: dict, by_pid: Dict[int, List[dict]], loggers: set) -> Optional[int]:
+    """The nearest pytest process that logged tests above rec, or None."""
     for _ in range(64):  # deeper trees than this don't occur; a cycle (a reused pid) must not loop forever
-        if rec["ppid"] in by_pytest:
+        if rec["ppid"] in loggers:
             return rec["ppid"]
-        rec = by_pid.get(rec["ppid"])
+        rec = _parent(rec, by_pid)
         if rec is None:
             return None
     return None
@@ -197,21 +217,25 @@ def profiled_env(folder: str) -> dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv or argv.index("--") == len(argv) - 1:
-        print("usage: python tools/suite_cpu.py [--top N] [--json FILE] -- COMMAND ...", file=sys.stderr)
-        return 2
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="python tools/suite_cpu.py [--top N] [--json FILE] -- COMMAND ...")
     p.add_argument("--top", type=int, default=30, help="rows per table (default 30)")
     p.add_argument("--json", help="also write every test's figures to this file")
-    args = p.parse_args(argv[:argv.index("--")])
-    command = argv[argv.index("--") + 1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])  # --help ends here
+    command = argv[cut + 1:]
+    if not command:
+        p.error("give the command to run after --, e.g. -- make test-unit")
     if not os.path.isdir("/proc/self"):
-        print("suite_cpu.py reads /proc: Linux only", file=sys.stderr)
-        return 2
+        p.error("it reads /proc: Linux only")
     with tempfile.TemporaryDirectory(prefix="suite_cpu_") as folder:
         machine0, t0 = system_cpu(), time.monotonic()
         with Sampler() as sampler:
-            code = subprocess.run(command, env=profiled_env(folder)).returncode
+            try:
+                code = subprocess.run(command, env=profiled_env(folder)).returncode
+            except FileNotFoundError:
+                print(f"suite_cpu.py: {command[0]}: command not found", file=sys.stderr)
+                return 127
         wall, machine = time.monotonic() - t0, system_cpu() - machine0
         per_test, kinds = attribute(sampler.procs, load_tests(folder))
     print(report(per_test, kinds, wall, machine, args.top))

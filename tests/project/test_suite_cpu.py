@@ -19,33 +19,53 @@ def _suite_cpu():
     return module
 
 
-def _proc(ppid: int, start: float, cpu: float, cmd: str, cpu0: float = 0.0) -> dict:
-    return {"ppid": ppid, "start": start, "cpu": cpu, "cpu0": cpu0, "cmd": cmd}
+def _procs(*rows) -> dict:
+    """{(pid, start): record} from (pid, ppid, start, cpu, cmd[, cpu0]) rows, as Sampler leaves them."""
+    out = {}
+    for pid, ppid, start, cpu, cmd, *cpu0 in rows:
+        out[(pid, int(start * 100))] = {"pid": pid, "ppid": ppid, "start": start, "cpu": cpu, "cmd": cmd,
+                                        "cpu0": cpu0[0] if cpu0 else 0.0}
+    return out
 
 
 PY = "/venv/bin/python"
 WORKER = f"{PY} -u -c import sys;exec(eval(sys.stdin.readline()))"
 FORKSERVER = f"{PY} -B -c from multiprocessing.forkserver import main; main(3, 5, ['x'])"
+TESTS = [{"id": "t.py::a", "pid": 100, "t0": 10.0, "t1": 20.0, "cpu": 1.0},
+         {"id": "t.py::b", "pid": 100, "t0": 20.0, "t1": 30.0, "cpu": 0.5},
+         {"id": "u.py::c", "pid": 101, "t0": 10.0, "t1": 40.0, "cpu": 0.0}]
 
 
 def test_a_forkserver_goes_to_the_test_that_started_it_and_each_rank_to_the_test_that_launched_it():
     tool = _suite_cpu()
-    tests = [{"id": "t.py::a", "pid": 100, "t0": 10.0, "t1": 20.0, "cpu": 1.0},
-             {"id": "t.py::b", "pid": 100, "t0": 20.0, "t1": 30.0, "cpu": 0.5},
-             {"id": "u.py::c", "pid": 101, "t0": 10.0, "t1": 40.0, "cpu": 0.0}]
-    procs = {(100, 1): _proc(1, 5.0, 30.0, WORKER, cpu0=2.0),  # the worker itself: charged through tests' own cpu
-             (200, 2): _proc(100, 12.0, 4.0, FORKSERVER),  # started during a
-             (300, 3): _proc(200, 25.0, 2.0, FORKSERVER),  # a rank it forked during b
-             (301, 4): _proc(300, 26.0, 1.0, f"{PY} -m ddp_helpers.train --out x"),  # that rank's own child
-             (400, 5): _proc(101, 45.0, 9.0, f"{PY} -m sphinx"),  # after its worker's last test: no test's
-             (302, 7): _proc(200, 20.0, 0.5, FORKSERVER),  # at the boundary of a and b: b's, which starts then
-             (500, 6): _proc(1, 12.0, 7.0, "/usr/bin/something")}  # not below any pytest process
-    per_test, kinds = tool.attribute(procs, tests)
+    procs = _procs((100, 1, 5.0, 30.0, WORKER, 2.0),  # the worker itself: charged through its tests' own cpu
+                   (200, 100, 12.0, 4.0, FORKSERVER),  # started during a
+                   (300, 200, 25.0, 2.0, FORKSERVER),  # a rank it forked during b
+                   (301, 300, 26.0, 1.0, f"{PY} -m ddp_helpers.train --out x"),  # that rank's own child
+                   (302, 200, 20.0 - 0.5 / tool.TICKS, 0.5, FORKSERVER),  # b's first moment, rounded down a tick
+                   (400, 101, 45.0, 9.0, f"{PY} -m sphinx"),  # after its worker's last test: no test's
+                   (500, 1, 12.0, 7.0, "/usr/bin/something"))  # not below any pytest process
+    per_test, kinds = tool.attribute(procs, TESTS)
     assert per_test["t.py::a"] == {"cpu": 5.0, "procs": 1, "wall": 10.0, "started": [["forkserver", 4.0]]}
     assert per_test["t.py::b"] == {"cpu": 4.0, "procs": 3, "wall": 10.0, "started": [
         ["forked from forkserver", 2.0], ["-m ddp_helpers.train", 1.0], ["forked from forkserver", 0.5]]}
     assert per_test["u.py::c"]["cpu"] == 0.0
     assert kinds == {"forkserver": 4.0, "forked from forkserver": 2.5, "-m ddp_helpers.train": 1.0, "-m sphinx": 9.0}
+
+
+def test_a_pytest_run_inside_a_test_is_that_tests_and_a_parent_is_the_one_alive_when_its_child_started():
+    tool = _suite_cpu()
+    inner = f"{PY} -m pytest -q t.py::b"
+    tests = TESTS + [{"id": "t.py::b", "pid": 600, "t0": 15.5, "t1": 17.0, "cpu": 0.7}]  # logged by the inner run
+    procs = _procs((100, 1, 5.0, 30.0, WORKER),
+                   (600, 100, 15.0, 2.0, inner),  # started by test a
+                   (700, 600, 16.0, 1.5, FORKSERVER),  # started by the inner run's b
+                   (600, 1, 35.0, 8.0, "/usr/bin/later"),  # the pid reused after the inner run ended
+                   (800, 600, 36.0, 3.0, FORKSERVER))  # the later process's child: not below pytest
+    per_test, kinds = tool.attribute(procs, tests)
+    assert per_test["t.py::a"]["cpu"] == 1.0 + 2.0 + 1.5 and per_test["t.py::a"]["procs"] == 2
+    assert per_test["t.py::b"] == {"cpu": 0.5, "procs": 0, "wall": 10.0, "started": []}  # not the inner run's
+    assert kinds == {"-m pytest": 2.0, "forkserver": 1.5}
 
 
 @pytest.mark.parametrize("cmd, parent, expected", [
@@ -66,8 +86,8 @@ def test_a_real_run_charges_a_childs_cpu_to_its_test_and_keeps_the_commands_exit
     (tmp_path / "test_burn.py").write_text(
         "import subprocess, sys\n"
         "BURN = 'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass'\n"
+        "def test_idle():\n    pass\n"  # first: a process must not be charged to the test before its own
         "def test_child_burns():\n    subprocess.run([sys.executable, '-c', BURN], check=True)\n"
-        "def test_idle():\n    pass\n"
         "def test_fails():\n    assert False\n")
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "suite_cpu.py"), "--json", str(tmp_path / "cpu.json"),
                            "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:nbval",
