@@ -101,6 +101,13 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
              bind_cores: Optional[bool] = None, init_group: bool = True) -> Any:
     """fn(rank, world_size, *args) in this process, inside the job's process group unless init_group=False."""
     env = RankEnv.from_environ()
+    # init_process_group returns on a rank once its own connections are made (torch adds no barrier unless
+    # TORCH_DIST_INIT_BARRIER=1: distributed_c10d._store_based_barrier). A rank whose fn then returns at once
+    # exits and closes its sockets while a slower peer is still finishing gloo's connectFullMesh, which fails
+    # ("Connection closed by peer"; on a 2-core VM with 3 busy processes beside, 1 launch in 150, and 25 in 60 with
+    # rank 1 at nice 19). With the barrier no rank leaves init_process_group before every rank's group exists:
+    # ours below, and an fn's own (init_group=False).
+    os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     if not init_group:
         return fn(env.rank, env.world_size, *args)
