@@ -270,9 +270,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if result is None:
                 return 0
         else:
-            import matplotlib
+            if not args.no_plots:  # the plots are drawn without pyplot; Agg keeps any pyplot import off screens
+                import matplotlib
 
-            matplotlib.use("Agg")
+                matplotlib.use("Agg")
             from .engine.runner import run_training
 
             result = run_training(cfg, start_method=args.start_method)

@@ -339,3 +339,25 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
     with pytest.raises(_Started):
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
     assert steps == (["room", "server"] if warmed else ["room", "train"])
+
+
+@pytest.mark.parametrize("flags, backend_set", [([], True), (["--no-plots"], False)])
+def test_cli_sets_up_matplotlib_only_when_it_draws(monkeypatch, tmp_path, flags, backend_set):
+    """--no-plots draws nothing, so the command line doesn't import matplotlib for it (~0.3 s of a start-up)."""
+    import matplotlib
+
+    import ddp_helpers.engine.runner
+    import ddp_helpers.ranks.startmethod
+    from ddp_helpers.train import main
+
+    backends = []
+
+    def train(*args, **kwargs):
+        raise _Started
+
+    monkeypatch.setattr(matplotlib, "use", backends.append)
+    monkeypatch.setattr(ddp_helpers.ranks.startmethod, "warm_up", lambda: None)
+    monkeypatch.setattr(ddp_helpers.engine.runner, "run_training", train)
+    with pytest.raises(_Started):
+        main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
+    assert backends == (["Agg"] if backend_set else [])
