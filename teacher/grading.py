@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-import nbformat
-
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENT = "ddp_exercises"
 NOTEBOOK = "exercises.ipynb"
@@ -74,6 +72,8 @@ def function_source(fn: Callable, name: str) -> str:
 
 def submit(course: Path, student: str, answers: Dict[str, Callable]) -> Path:
     """A submission: the release with the blanks of `answers` (exercise -> function) filled in, as a student does."""
+    import nbformat  # here: importing it builds jsonschema's format parsers (~2 s), which importers of this module skip
+
     nb = nbformat.read(course / "release" / ASSIGNMENT / NOTEBOOK, as_version=4)
     for cell in nb.cells:
         name = cell.metadata.get("nbgrader", {}).get("grade_id")

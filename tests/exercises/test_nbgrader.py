@@ -3,15 +3,14 @@ marks to the solutions, zero to the blank release and partial marks with the che
 from __future__ import annotations
 
 import html
+import importlib.util
 import inspect
 import re
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
-pytest.importorskip("nbgrader")
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it (not installed on purpose)
@@ -21,7 +20,17 @@ from teacher import grading  # noqa: E402
 from teacher.solutions import SOLUTIONS  # noqa: E402
 from teacher.wrong_answers import WRONG  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+# nbgrader (the teacher extra) is looked up, not imported: it and nbformat load only in the worker that runs these
+# tests (importing nbformat builds jsonschema's format parsers, ~2 s of CPU at each worker's collection).
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(importlib.util.find_spec("nbgrader") is None, reason="nbgrader is not installed")]
+
+
+def _read(path):
+    """The notebook at path (nbformat v4)."""
+    import nbformat
+
+    return nbformat.read(path, as_version=4)
 
 
 def _nbgrader(cell) -> dict:
@@ -30,7 +39,7 @@ def _nbgrader(cell) -> dict:
 
 def _points() -> dict:
     """grade_id of each graded cell of the source -> its points."""
-    nb = nbformat.read(grading.SOURCE, as_version=4)
+    nb = _read(grading.SOURCE)
     return {_nbgrader(c)["grade_id"]: _nbgrader(c)["points"] for c in nb.cells if _nbgrader(c).get("grade")}
 
 
@@ -70,8 +79,8 @@ def _feedback(course: Path, student: str) -> str:
 
 @pytest.mark.slow
 def test_committed_student_notebook_is_the_generated_release(course):
-    release = nbformat.read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK, as_version=4)
-    committed = nbformat.read(grading.STUDENT_NOTEBOOK, as_version=4)
+    release = _read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK)
+    committed = _read(grading.STUDENT_NOTEBOOK)
     cells = [[(c.cell_type, c.source, _nbgrader(c), c.metadata.get("tags", [])) for c in nb.cells]
              for nb in (release, committed)]
     assert cells[0] == cells[1], "notebooks/exercises/exercises.ipynb differs from the release: run make assignment"
@@ -79,7 +88,7 @@ def test_committed_student_notebook_is_the_generated_release(course):
 
 @pytest.mark.slow
 def test_release_has_blanks_and_no_solutions_or_hidden_tests(course):
-    release = nbformat.read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK, as_version=4)
+    release = _read(course / "release" / grading.ASSIGNMENT / grading.NOTEBOOK)
     text = "\n".join(c.source for c in release.cells if c.cell_type == "code")
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text and "world_size=" not in text
     assert text.count("raise NotImplementedError()") == len(EXERCISES)
@@ -90,7 +99,7 @@ def test_release_has_blanks_and_no_solutions_or_hidden_tests(course):
 
 def test_source_solutions_are_the_teacher_solutions():
     """The source's solution regions are teacher/solutions.py's function bodies, so the two can't drift."""
-    nb = nbformat.read(grading.SOURCE, as_version=4)
+    nb = _read(grading.SOURCE)
     regions = {}
     for cell in nb.cells:
         if _nbgrader(cell).get("solution"):
@@ -103,7 +112,7 @@ def test_source_solutions_are_the_teacher_solutions():
 
 
 def test_every_check_cell_has_points_and_a_hidden_test_at_another_world_size():
-    nb = nbformat.read(grading.SOURCE, as_version=4)
+    nb = _read(grading.SOURCE)
     graded = [c for c in nb.cells if _nbgrader(c).get("grade")]
     assert [_nbgrader(c)["grade_id"] for c in graded] == [f"check_{n}" for n in EXERCISES]
     for cell in graded:
