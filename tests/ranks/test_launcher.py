@@ -2,6 +2,7 @@
 communication errors once for everyone."""
 from __future__ import annotations
 
+import os
 import resource
 import time
 
@@ -112,11 +113,9 @@ def test_a_launched_function_reads_torchruns_variables_and_joins_with_no_argumen
 SLOW_GROUP_S = 1.0  # rank 1 finishes building its process group this much later than rank 0
 
 
-def _slow_group_on_rank_1(monkeypatch) -> None:
-    """Rank 1's process group is built SLOW_GROUP_S late, as a rank on a busy core finishes connectFullMesh late
-    (patched in this process: forked ranks inherit it)."""
-    import os
-
+def _slow_group_on_rank_1(monkeypatch, ready_file) -> None:
+    """Rank 1's process group is built SLOW_GROUP_S late, as a rank on a busy core finishes connectFullMesh late,
+    and the moment it exists is written to ready_file (patched in this process: forked ranks inherit it)."""
     from torch.distributed import distributed_c10d as c10d
 
     build = c10d._new_process_group_helper
@@ -125,31 +124,30 @@ def _slow_group_on_rank_1(monkeypatch) -> None:
         out = build(*args, **kwargs)
         if os.environ.get("RANK") == "1":
             time.sleep(SLOW_GROUP_S)
+            ready_file.write_text(repr(time.monotonic()))  # CLOCK_MONOTONIC: one clock for every process
         return out
 
     monkeypatch.setattr(c10d, "_new_process_group_helper", late)
 
 
-def _init_seconds(rank: int, world_size: int) -> float:
-    t0 = time.monotonic()
-    dist.init_process_group("gloo")
-    waited = time.monotonic() - t0
-    dist.destroy_process_group()
-    return waited
-
-
-def _after_init(rank: int, world_size: int) -> float:
+def _left_init(rank: int, world_size: int) -> float:
     return time.monotonic()
 
 
-@pytest.mark.parametrize("init_group", [False, True])
-def test_no_rank_leaves_init_process_group_before_every_rank_has_its_group(monkeypatch, init_group):
+def _own_init_then_left(rank: int, world_size: int) -> float:
+    dist.init_process_group("gloo")
+    left = time.monotonic()
+    dist.destroy_process_group()
+    return left
+
+
+@pytest.mark.parametrize("init_group", [True, False])
+def test_no_rank_leaves_init_process_group_before_every_rank_has_its_group(monkeypatch, tmp_path, init_group):
     """Else a rank whose function returns at once exits while a peer still connects, and that peer fails with
-    gloo's "Connection closed by peer" (ranks.rank.run_rank: TORCH_DIST_INIT_BARRIER)."""
-    _slow_group_on_rank_1(monkeypatch)
-    if init_group:  # the group launch makes: both ranks get past it at about the same moment
-        t = launch(_after_init, 2, start_method="fork", threads_per_rank=1)
-        assert abs(t[0] - t[1]) < SLOW_GROUP_S / 2, t
-    else:  # the function's own init_process_group (as a torchrun script's): rank 0 waits there for rank 1
-        waited = launch(_init_seconds, 2, start_method="fork", threads_per_rank=1, init_group=False)
-        assert waited[0] >= SLOW_GROUP_S, waited
+    gloo's "Connection closed by peer" (ranks.rank.run_rank: TORCH_DIST_INIT_BARRIER). Both the group launch
+    makes and the function's own init_process_group (init_group=False, as a torchrun script's)."""
+    ready = tmp_path / "rank1_group_ready"
+    _slow_group_on_rank_1(monkeypatch, ready)
+    fn = _left_init if init_group else _own_init_then_left
+    left = launch(fn, 2, start_method="fork", threads_per_rank=1, init_group=init_group)
+    assert left[0] >= float(ready.read_text()), "rank 0 left init_process_group before rank 1's group existed"
