@@ -60,6 +60,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def say(line: str) -> None:
+    """Write one line to stderr in one write: print's text and newline are two, and under torchrun (python -u)
+    another process's log line written to the same terminal or pipe can land between them."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def write_outputs(result, out: str, plots: bool = True) -> List[str]:
     """Save result.json and the plots; return the paths written.
 
@@ -168,9 +175,9 @@ def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, s
 def _save_partial(job, out: str) -> None:
     try:
         path = job.result(complete=False).save(os.path.join(out, "partial_result.json"))
-        print(f"metrics rank 0 collected before the failure: {path}", file=sys.stderr)
+        say(f"metrics rank 0 collected before the failure: {path}")
     except Exception as e:  # noqa: BLE001 - never hide the failure itself
-        print(f"could not save rank 0's partial metrics: {e}", file=sys.stderr)
+        say(f"could not save rank 0's partial metrics: {e}")
 
 
 def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
@@ -252,7 +259,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if _writes_results():
             _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
     except ConfigError as e:
-        print(f"error: {as_flags(str(e))}", file=sys.stderr)
+        say(f"error: {as_flags(str(e))}")
         return 2
     _start_forkserver_early(args.start_method)
     from .data import DataError
@@ -279,20 +286,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             result = run_training(cfg, start_method=args.start_method)
             write_outputs(result, args.out, not args.no_plots)
     except (ConfigError, DataError, LaunchError) as e:
-        print(f"error: {as_flags(str(e))}", file=sys.stderr)  # in the words of the command line: its flags
+        say(f"error: {as_flags(str(e))}")  # in the words of the command line: its flags
         return 2
     except OutputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 1
     except RankFailedError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         if e.partial_result is not None:
             path = os.path.join(args.out, "partial_result.json")
             try:
-                print(f"metrics collected before the failure: {e.partial_result.save(path)}", file=sys.stderr)
+                say(f"metrics collected before the failure: {e.partial_result.save(path)}")
             except OSError as err:
-                print(f"error: {failure_message(e.partial_result, args.out, [], path, err, 'partial_result.json')}",
-                      file=sys.stderr)
+                say(f"error: {failure_message(e.partial_result, args.out, [], path, err, 'partial_result.json')}")
         return 1
     print(result.summary())
     print(f"wall {result.wall_time_s:.2f} s, start-up {result.startup_s:.2f} s, training loop {result.loop_time_s:.2f} s "

@@ -361,3 +361,24 @@ def test_cli_sets_up_matplotlib_only_when_it_draws(monkeypatch, tmp_path, flags,
     with pytest.raises(_Started):
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
     assert backends == (["Agg"] if backend_set else [])
+
+
+def test_cli_error_line_is_one_write(monkeypatch, tmp_path):
+    """Under torchrun every rank and the agent write to the same stderr: a line written in two parts (print's
+    text, then its newline) can get another process's log line in between (seen in the torchrun test)."""
+    from ddp_helpers.train import main
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    assert main(["--batch-size", "0", "--out", str(tmp_path / "x")]) == 2
+    assert len(writes) == 1 and writes[0].startswith("error: --batch-size") and writes[0].endswith("\n"), writes
+    assert writes[0].count("\n") == 1, writes
