@@ -1,9 +1,29 @@
-"""The data: where they come from (sources), and how every rank sees them (splits). `python -m ddp_helpers.data
-write-mnist ROOT` writes the offline digits where torchvision's MNIST looks for them."""
-from .sources import (DEBIAN_FASHION_DIR, DEFAULT_DATA_ROOT, MNIST5K_ROOT, RAW_FILES, check_data_root, clear_cache,
-                      load_data, load_fashion_mnist, load_mnist5k, load_torchvision_mnist, write_mnist)
-from .splits import DataError, DataSplits, SeedListingDataset, map_pages, normalize, shard_indices, steps_per_epoch
+"""The data: what they are (catalog, standard library only), where they come from (sources), and how every rank
+sees them (splits). `python -m ddp_helpers.data write-mnist ROOT` writes the offline digits where torchvision's
+MNIST looks for them. Names are imported on first use, so `ddp_helpers.data.catalog` loads no torch."""
+from __future__ import annotations
 
-__all__ = ["DEBIAN_FASHION_DIR", "DEFAULT_DATA_ROOT", "MNIST5K_ROOT", "RAW_FILES", "DataError", "DataSplits",
-           "SeedListingDataset", "check_data_root", "clear_cache", "load_data", "load_fashion_mnist", "load_mnist5k",
-           "load_torchvision_mnist", "map_pages", "normalize", "shard_indices", "steps_per_epoch", "write_mnist"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DATASETS": "catalog", "DEFAULT_DATA_ROOT": "catalog", "steps_per_epoch": "catalog",
+    "DEBIAN_FASHION_DIR": "sources", "MNIST5K_ROOT": "mnist_files", "RAW_FILES": "sources",
+    "check_data_root": "sources", "clear_cache": "sources", "load_data": "sources", "load_fashion_mnist": "sources",
+    "load_mnist5k": "sources", "load_torchvision_mnist": "sources", "write_mnist": "mnist_files",
+    "DataError": "splits", "DataSplits": "splits", "SeedListingDataset": "splits", "map_pages": "splits",
+    "normalize": "splits", "shard_indices": "splits",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ddp_helpers.data' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(list(globals()) + __all__)

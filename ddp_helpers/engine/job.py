@@ -1,5 +1,5 @@
-"""What every training run shares, whether run_training spawns the ranks or torchrun started them:
-the checks, the resume check, the step plan, the telemetry buffers, and the TrainResult at the end."""
+"""What every training run shares, whether run_training starts the ranks or torchrun did: the checks, the resume
+check, the step plan, the size of each rank's tables, and the TrainResult read from the run folder at the end."""
 from __future__ import annotations
 
 import time
@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..common.files import free_text
 from ..ranks.procs import peak_rss_bytes
 from .checkpoint import check_resume
 from .config import ConfigError, TrainConfig, validate
@@ -15,7 +16,9 @@ from ..data import DataSplits
 from .model import build_model, n_params
 from .plan import StepPlan
 from .result import TrainResult, collect_result
-from .telemetry import TelemetryBuffers
+from .telemetry import RunRows, TableShape
+
+MAX_TABLE_BYTES = 2**30  # one rank's telemetry tables, at most (they are files in the temp dir, mapped)
 
 
 def check_job(cfg: TrainConfig, local_world_size: Optional[int] = None,
@@ -38,30 +41,61 @@ def check_not_past_end(cfg: TrainConfig, plan: StepPlan) -> None:
         f"(or more epochs), or resume_from=None to start over")
 
 
+def table_shape(cfg: TrainConfig, plan: StepPlan, params: int) -> TableShape:
+    """How large each rank's tables are for this run of a model with `params` parameters (the same on every rank)."""
+    return TableShape(max(plan.n_steps, 1), cfg.batch_size * cfg.accumulation_steps, len(cfg.capture_grad_steps),
+                      params)
+
+
+def check_table_size(cfg: TrainConfig, shape: TableShape, folder: str) -> None:
+    """Refuse a run whose telemetry tables would not fit: over MAX_TABLE_BYTES a rank, or the temp dir's room."""
+    import shutil
+
+    per_rank = shape.nbytes()
+    samples = f"{shape.max_steps} steps x {shape.samples_per_step} sample indices (batch_size x accumulation_steps)"
+    if per_rank > MAX_TABLE_BYTES:
+        raise ConfigError(
+            f"TrainConfig.batch_size={cfg.batch_size} is not accepted with accumulation_steps="
+            f"{cfg.accumulation_steps}, epochs={cfg.epochs}, max_steps={cfg.max_steps}: each rank would record "
+            f"{per_rank:,} bytes of telemetry ({samples}), over the {MAX_TABLE_BYTES:,} allowed; set max_steps, "
+            "fewer epochs or a smaller batch, or telemetry=False")
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if per_rank * cfg.world_size > free:
+        raise ConfigError(
+            f"TrainConfig.world_size={cfg.world_size} is not accepted here: the ranks' telemetry needs "
+            f"{per_rank * cfg.world_size:,} bytes in {folder} ({free_text(folder)}; {samples} per rank); free some "
+            "space there or point TMPDIR elsewhere, or set max_steps, fewer epochs or a smaller batch")
+
+
 @dataclass
 class Job:
-    """One run's plan and its shared buffers, made once the data is loaded."""
+    """One run's plan and where its ranks leave their rows, made once the data is loaded."""
 
     cfg: TrainConfig
     backend: str
     data: DataSplits
     plan: StepPlan
-    buffers: TelemetryBuffers
+    shape: TableShape
+    rows: RunRows
     t_launch: float = field(default_factory=time.monotonic)
     notes: List[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, cfg: TrainConfig, backend: str, data: DataSplits, start_step: int = 0) -> "Job":
-        """The plan (resuming after start_step, as check_job found it) and buffers sized for it."""
+    def create(cls, cfg: TrainConfig, backend: str, data: DataSplits, run_dir: str, start_step: int = 0) -> "Job":
+        """The plan (resuming after start_step, as check_job found it), its tables' size checked."""
         plan = StepPlan.for_run(cfg, len(data.train_labels), cfg.world_size, start_step)
         check_not_past_end(cfg, plan)
-        buffers = TelemetryBuffers(cfg.world_size, max(plan.n_steps, 1), cfg.batch_size * cfg.accumulation_steps,
-                                   len(cfg.capture_grad_steps), n_params(build_model(cfg.seed)))
-        return cls(cfg, backend, data, plan, buffers, notes=[data.notice] if data.notice else [])
+        shape = table_shape(cfg, plan, n_params(build_model(cfg.seed)))
+        check_table_size(cfg, shape, run_dir)
+        return cls(cfg, backend, data, plan, shape, RunRows(run_dir, cfg.world_size),
+                   notes=[data.notice] if data.notice else [])
 
     def result(self, final_params: Optional[np.ndarray] = None, complete: bool = True) -> TrainResult:
-        """The TrainResult of everything the ranks published so far."""
-        r = collect_result(self.buffers, self.cfg.to_dict(), self.backend, self.data.name, self.data.source,
+        """The TrainResult of everything the ranks recorded so far."""
+        r = collect_result(self.rows, self.cfg.to_dict(), self.backend, self.data.name, self.data.source,
                            self.t_launch, time.monotonic(), self.cfg.capture_grad_steps, final_params,
                            peak_rss_bytes(children=False) / 2**20, complete=complete)
         r.notes.extend(self.notes)

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Iterable, Iterator, List, Tuple, TypeVar
 
+from ..data.catalog import ceil_div, steps_per_epoch
 from .config import TrainConfig
-from .steps import steps_per_epoch
-from .fileio import ceil_div
 
 T = TypeVar("T")
 

@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from .fileio import atomic_write
+from ..common.files import atomic_write
 from .model import build_model
-from .telemetry import RankField, StepFloat, StepInt, TelemetryBuffers
+from .telemetry import RankField, RunRows, StepFloat, StepInt
 
 RESULT_FORMAT = "ddp_helpers.TrainResult/1"
 
@@ -234,16 +234,19 @@ def hex64(x: int) -> str:
     return f"{x & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def _rank_records(buffers: TelemetryBuffers, r: int) -> RankRecords:
-    n = int(buffers.count[r])
-    f = buffers.f64[r, :n].numpy()
-    i = buffers.i64[r, :n].numpy()
+def _rank_records(tables: Optional[Dict[str, np.ndarray]], r: int) -> RankRecords:
+    if tables is None:  # a rank that died before it made its rows file
+        empty = np.zeros(0)
+        return RankRecords(r, empty.astype(np.int64), empty, empty, empty, [], [], np.zeros((0, 0), np.int32),
+                           empty, empty)
+    n = int(tables["count"][0])
+    f, i = tables["f64"][:n], tables["i64"][:n]
     return RankRecords(
         rank=r, step=i[:, StepInt.STEP].copy(), loss=f[:, StepFloat.LOSS].copy(),
         local_grad_norm=f[:, StepFloat.LOCAL_NORM].copy(), synced_grad_norm=f[:, StepFloat.SYNCED_NORM].copy(),
         param_fingerprint=[hex64(int(x)) for x in i[:, StepInt.FINGERPRINT]],
         samples_hash=[hex64(int(x)) for x in i[:, StepInt.SAMPLES]],
-        sample_indices=buffers.samples[r, :n].numpy().copy(),
+        sample_indices=tables["samples"][:n].copy(),
         step_time_s=f[:, StepFloat.TIME].copy(), step_start_s=f[:, StepFloat.START].copy(),
     )
 
@@ -258,20 +261,23 @@ def _startup_and_loop(info: np.ndarray, t_launch: float) -> tuple:
     return startup, loop
 
 
-def _captured(buffers: TelemetryBuffers, capture_steps: tuple) -> Dict[int, Dict[str, np.ndarray]]:
+def _captured(tables: List[Optional[Dict[str, np.ndarray]]], capture_steps: tuple) -> Dict[int, Dict[str, np.ndarray]]:
     captured = {}
+    if any(t is None for t in tables):
+        return captured
     for ci, s in enumerate(capture_steps):
-        if bool(buffers.capture_done[:, ci].all()):
-            captured[int(s)] = {"local": buffers.captures[:, ci, 0].numpy().copy(),
-                                "synced": buffers.captures[:, ci, 1].numpy().copy()}
+        if all(bool(t["capture_done"][ci]) for t in tables):
+            captured[int(s)] = {"local": np.stack([t["captures"][ci, 0] for t in tables]),
+                                "synced": np.stack([t["captures"][ci, 1] for t in tables])}
     return captured
 
 
-def collect_result(buffers: TelemetryBuffers, config: dict, backend: str, dataset: str, data_source: str,
+def collect_result(rows: RunRows, config: dict, backend: str, dataset: str, data_source: str,
                    t_launch: float, t_done: float, capture_steps: tuple, final_params: Optional[np.ndarray],
                    parent_rss_mb: float, complete: bool = True) -> TrainResult:
-    """Turn the shared buffers (as far as each rank got) into a TrainResult."""
-    info = buffers.rank_info.numpy()
+    """Turn every rank's tables (as far as each rank got) into a TrainResult."""
+    tables = [rows.tables(r) for r in range(rows.world_size)]
+    info = np.stack([t["info"] if t is not None else np.full(len(RankField), np.nan) for t in tables])
     startup, loop = _startup_and_loop(info, t_launch)
     correct, total = info[0, RankField.CORRECT], info[0, RankField.TOTAL]
     acc = float(correct / total) if np.isfinite(total) and total > 0 else float("nan")
@@ -281,11 +287,11 @@ def collect_result(buffers: TelemetryBuffers, config: dict, backend: str, datase
 
     return TrainResult(
         config=config, backend=backend, dataset=dataset, data_source=data_source,
-        ranks=[_rank_records(buffers, r) for r in range(buffers.f64.shape[0])], test_accuracy=acc,
+        ranks=[_rank_records(t, r) for r, t in enumerate(tables)], test_accuracy=acc,
         wall_time_s=t_done - t_launch, startup_s=startup, loop_time_s=loop,
         peak_rss_mb=per_rank(RankField.RSS, 1 / 2**20), parent_rss_mb=parent_rss_mb,
         bytes_allreduced=per_rank(RankField.BYTES),
         allreduce_calls=[int(x) if math.isfinite(x) else 0 for x in info[:, RankField.ALLREDUCES]],
         peak_cuda_mb=per_rank(RankField.CUDA, 1 / 2**20),
-        captured_grads=_captured(buffers, capture_steps), final_params=final_params, complete=complete,
+        captured_grads=_captured(tables, capture_steps), final_params=final_params, complete=complete,
     )

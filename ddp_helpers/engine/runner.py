@@ -8,12 +8,14 @@ from typing import Callable, List, Optional
 
 from . import worker
 from .checkpoint import resolve_resume
-from .config import TrainConfig, default_threads
+from .config import TrainConfig
 from ..data import load_data
 from .job import Job, check_job
+from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from ..ranks.launcher import RankFailedError, check_start_method, launch
+from ..ranks.placement import default_threads
 from .result import TrainResult
-from .telemetry import TelemetryBuffers
+from .telemetry import RunRows
 
 
 def _want_progress(progress: Optional[bool]) -> bool:
@@ -26,15 +28,15 @@ def _want_progress(progress: Optional[bool]) -> bool:
 
 
 class ProgressBar:
-    """A tqdm bar (and an optional callback) fed from the ranks' shared step counters (the children never print).
+    """A tqdm bar (and an optional callback) fed from the ranks' step counters (the children never print).
 
     Start-up is a phase of its own ("starting 2 ranks"): the bar's clock restarts at the first step, so its
     rate is the training loop's, not skewed by the seconds the ranks took to start.
     """
 
-    def __init__(self, buffers: TelemetryBuffers, total: int, enabled: bool, desc: str,
+    def __init__(self, rows: RunRows, total: int, enabled: bool, desc: str,
                  callback: Optional[Callable[[List[int], int], None]] = None):
-        self.buffers, self.bar, self.total, self.callback, self.desc = buffers, None, total, callback, desc
+        self.rows, self.bar, self.total, self.callback, self.desc = rows, None, total, callback, desc
         self.last: List[int] = []
         self.training = False
         if enabled:
@@ -43,20 +45,20 @@ class ProgressBar:
             self.bar = tqdm(total=total, desc=f"starting {desc}", unit="step", leave=False, file=sys.stderr)
 
     def __call__(self) -> None:
+        counts = self.rows.counts()
         if self.bar is not None:
-            self._update_bar()
+            self._update_bar(counts)
         if self.callback is not None:
-            counts = self.buffers.count.tolist()
             if counts != self.last:
                 self.last = counts
                 self.callback(counts, self.total)
 
-    def _update_bar(self) -> None:
-        if not self.training and int(self.buffers.count.max()) > 0:
+    def _update_bar(self, counts: List[int]) -> None:
+        if not self.training and max(counts) > 0:
             self.training = True
             self.bar.set_description(f"training {self.desc}", refresh=False)
             self.bar.reset(total=self.total)  # restarts the bar's clock: steps/s from the first step on
-        n = self.buffers.progress()
+        n = min(counts)
         if n > self.bar.n:
             self.bar.update(n - self.bar.n)
 
@@ -81,8 +83,19 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     backend, start_step = check_job(cfg)
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
-    job = Job.create(cfg, backend, data, start_step)
-    bar = ProgressBar(job.buffers, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
+    with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
+        run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
+        try:
+            return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress)
+        finally:
+            remove_run_dir(run_dir)
+
+
+def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, data, progress: Optional[bool],
+              start_method: str, on_progress: Optional[Callable[[List[int], int], None]]) -> TrainResult:
+    """run_training's launch and result, with every rank's rows in run_dir."""
+    job = Job.create(cfg, backend, data, run_dir, start_step)
+    bar = ProgressBar(job.rows, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
     # The seed pipeline passes no data: its ranks load their own copies, as the listing's do. Otherwise the
     # images are normalized once here (cached with the data), and the ranks map these pages instead of copying.
     shared = None if cfg.pipeline == "seed" else data
@@ -90,13 +103,14 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
         shared.train_normalized()
     job.t_launch = time.monotonic()
     try:
-        outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, job.buffers), backend=backend,
+        outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, run_dir), backend=backend,
                          host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s,
                          threads_per_rank=cfg.threads_per_rank or default_threads(cfg.world_size), on_poll=bar,
-                         start_method=start_method, bind_cores=cfg.bind_cores)
+                         start_method=start_method, bind_cores=cfg.bind_cores, run_dir=run_dir)
+        return job.result(final_params=outputs[0]["final_params"])
     except RankFailedError as e:
-        e.partial_result = job.result(complete=False)  # every step the ranks published before the failure
+        e.partial_result = job.result(complete=False)  # every step the ranks recorded before the failure
         raise
     finally:
         bar.close()
-    return job.result(final_params=outputs[0]["final_params"])
+        job.rows.close()  # unmapped before the folder goes (Windows can't remove a mapped file)

@@ -1,20 +1,24 @@
-"""Per-rank, per-step telemetry: the shared-memory tables the ranks write and the parent reads.
+"""Per-rank, per-step telemetry: the tables each rank fills in its rows file, and the reader over a run's files.
 
-Each rank fills its own rows, so the parent keeps every finished step even if a rank dies (nothing to flush,
-nothing to lose). The columns are named once, in the IntEnums below; their counts follow from them.
+Each rank fills its own tables in the run folder (ranks/outbox.py), however it was started, so whoever reads
+the run keeps every finished step even if a rank dies (nothing to flush, nothing to lose). The columns are
+named once, in the IntEnums below; their counts follow from them.
 """
 from __future__ import annotations
 
 import enum
 import math
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 import xxhash
 
+from ..ranks.outbox import rows_path
 from ..ranks.procs import peak_rss_bytes
+from ..ranks.rowsfile import RowsReader, TableSpec, create_tables
 from .config import TrainConfig
 from .hooks import GradRecorder
 from .model import fingerprint
@@ -51,43 +55,73 @@ class RankField(enum.IntEnum):
     ALLREDUCES = 7  # communication-hook calls
 
 
-class TelemetryBuffers:
-    """The shared tables: one row block per rank, created in the parent before the ranks start."""
+@dataclass(frozen=True)
+class TableShape:
+    """How large one rank's tables are: the same numbers on every rank and in the parent (from the step plan)."""
 
-    def __init__(self, world_size: int, max_steps: int, samples_per_step: int, n_capture: int, n_params: int):
-        def shared(shape, fill, dtype):
-            return torch.full(shape, fill, dtype=dtype).share_memory_()
+    max_steps: int  # rows: optimizer steps this run makes (at least 1)
+    samples_per_step: int  # batch_size * accumulation_steps
+    n_capture: int  # steps whose full gradients are kept
+    n_params: int  # scalar parameters of the model
 
-        self.f64 = shared((world_size, max_steps, len(StepFloat)), float("nan"), torch.float64)
-        self.i64 = shared((world_size, max_steps, len(StepInt)), 0, torch.int64)
-        self.samples = shared((world_size, max_steps, samples_per_step), -1, torch.int32)
-        self.count = shared((world_size,), 0, torch.int64)  # steps done: rows below count are final
-        self.rank_info = shared((world_size, len(RankField)), float("nan"), torch.float64)
-        self.captures = shared((world_size, max(n_capture, 1), 2, n_params), 0.0, torch.float32)
-        self.capture_done = shared((world_size, max(n_capture, 1)), False, torch.bool)
+    def specs(self) -> Dict[str, TableSpec]:
+        """The rows file's tables: name -> (dtype, shape, initial fill)."""
+        n = max(self.n_capture, 1)
+        return {
+            "f64": (np.float64, (self.max_steps, len(StepFloat)), np.nan),
+            "i64": (np.int64, (self.max_steps, len(StepInt)), 0),
+            "samples": (np.int32, (self.max_steps, self.samples_per_step), -1),
+            "count": (np.int64, (1,), 0),  # steps done: rows below count are final
+            "info": (np.float64, (len(RankField),), np.nan),
+            "captures": (np.float32, (n, 2, self.n_params), 0.0),
+            "capture_done": (np.bool_, (n,), False),
+        }
 
-    TABLES = ("f64", "i64", "samples", "rank_info", "captures", "capture_done")  # per-rank tables, plus count
+    def nbytes(self) -> int:
+        """Bytes of one rank's tables."""
+        return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                   for dtype, shape, _ in self.specs().values())
 
-    @property
-    def capacity(self) -> int:
-        """Rows available per rank."""
-        return self.f64.shape[1]
+
+def create_rank_tables(run_dir: str, rank: int, shape: TableShape) -> Dict[str, np.ndarray]:
+    """This rank's rows file in run_dir, made and filled; writable views of its tables."""
+    return create_tables(rows_path(run_dir, rank), shape.specs())
+
+
+class RunRows:
+    """Every rank's tables of one run, read from its run folder (or given over the process group)."""
+
+    def __init__(self, run_dir: str, world_size: int):
+        self.world_size = world_size
+        self.reader = RowsReader(run_dir, world_size)
+
+    def count(self, rank: int) -> int:
+        """Steps one rank finished (0 if it has no rows yet)."""
+        return int(self.reader.scalar(rank, "count") or 0)
+
+    def counts(self) -> List[int]:
+        """Steps finished by each rank."""
+        return [self.count(r) for r in range(self.world_size)]
 
     def progress(self) -> int:
         """Steps finished by the slowest rank."""
-        return int(self.count.min())
+        return min(self.counts())
 
-    def rank_rows(self, rank: int) -> dict:
-        """Copies of one rank's rows (to send them to another process)."""
-        rows = {k: getattr(self, k)[rank].clone() for k in self.TABLES}
-        rows["count"] = int(self.count[rank])
-        return rows
+    def tables(self, rank: int) -> Optional[Dict[str, np.ndarray]]:
+        """A copy of one rank's tables (None if it made none)."""
+        return self.reader.tables(rank)
 
-    def set_rank_rows(self, rank: int, rows: dict) -> None:
-        """Put rows made by rank_rows (in another process) into this process's tables."""
-        for k in self.TABLES:
-            getattr(self, k)[rank] = rows[k]
-        self.count[rank] = rows["count"]
+    def missing(self) -> List[int]:
+        """The ranks whose rows this process can't see."""
+        return [r for r in range(self.world_size) if not self.reader.has(r)]
+
+    def give(self, rank: int, tables: Dict[str, np.ndarray]) -> None:
+        """A rank's tables that came over the process group (its file is on another machine)."""
+        self.reader.give(rank, tables)
+
+    def close(self) -> None:
+        """Unmap the files."""
+        self.reader.close()
 
 
 def samples_hash(idx) -> int:
@@ -99,23 +133,23 @@ def samples_hash(idx) -> int:
 class RankTelemetry:
     """What one rank records: begin(step) before it, end(...) after optimizer.step, finish() at the end."""
 
-    def __init__(self, buf: TelemetryBuffers, rank: int, cfg: TrainConfig, model: torch.nn.Module,
+    def __init__(self, run_dir: str, rank: int, shape: TableShape, cfg: TrainConfig, model: torch.nn.Module,
                  grads: GradRecorder):
-        self.buf, self.rank, self.grads, self.on = buf, rank, grads, cfg.telemetry
+        self.rank, self.grads, self.on, self.capacity = rank, grads, cfg.telemetry, shape.max_steps
         self.params = list(model.parameters())
         # What the fingerprint hashes: on CPU, NumPy views made once (the optimizer updates the parameters in place).
         self.hashed = [p.detach().numpy() for p in self.params] if self.params[0].device.type == "cpu" else self.params
         self.capture_index = {s: i for i, s in enumerate(cfg.capture_grad_steps)}
-        # numpy views of this rank's shared rows: element writes cost ~0.2 us instead of ~9 us through torch
-        self.f64, self.i64 = buf.f64[rank].numpy(), buf.i64[rank].numpy()
-        self.samples, self.count = buf.samples[rank].numpy(), buf.count.numpy()
-        self.info = buf.rank_info[rank].numpy()
+        tables = create_rank_tables(run_dir, rank, shape)  # this rank's file: its rows, written in place
+        self.f64, self.i64, self.samples = tables["f64"], tables["i64"], tables["samples"]
+        self.count, self.info = tables["count"], tables["info"]
+        self.captures, self.capture_done = tables["captures"], tables["capture_done"]
         self.row, self.t0, self.capture = 0, 0.0, False
 
     def begin(self, step: int) -> None:
         """Start timing the step; tell the hook whether to keep this step's full gradients."""
-        if self.row >= self.buf.capacity:
-            raise RuntimeError(f"telemetry buffers hold {self.buf.capacity} steps; step {step} is one too many")
+        if self.row >= self.capacity:
+            raise RuntimeError(f"telemetry tables hold {self.capacity} steps; step {step} is one too many")
         self.t0 = time.monotonic()
         if self.row == 0:
             self.info[RankField.T_FIRST] = self.t0
@@ -138,7 +172,7 @@ class RankTelemetry:
         t1 = time.monotonic()
         f64[row, StepFloat.START], f64[row, StepFloat.TIME] = self.t0, t1 - self.t0
         self.row += 1
-        self.count[self.rank] = self.row  # publish last: rows below count are complete
+        self.count[0] = self.row  # publish last: rows below count are complete
 
     def _loss_and_norms(self, loss: torch.Tensor) -> Sequence[float]:
         sq = self.grads.squared_norms()
@@ -150,9 +184,9 @@ class RankTelemetry:
     def _capture(self, ci: int) -> None:
         # After backward() every p.grad holds the averaged gradient: identical on all ranks.
         local = self.grads.local_grads
-        self.buf.captures[self.rank, ci, 0] = torch.cat([local[id(p)].reshape(-1).float().cpu() for p in self.params])
-        self.buf.captures[self.rank, ci, 1] = torch.cat([p.grad.reshape(-1).float().cpu() for p in self.params])
-        self.buf.capture_done[self.rank, ci] = True
+        self.captures[ci, 0] = torch.cat([local[id(p)].reshape(-1).float().cpu() for p in self.params]).numpy()
+        self.captures[ci, 1] = torch.cat([p.grad.reshape(-1).float().cpu() for p in self.params]).numpy()
+        self.capture_done[ci] = True
 
     def training_done(self, device: torch.device) -> None:
         """The loop is over: its end time and what the hook sent."""

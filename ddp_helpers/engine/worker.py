@@ -22,10 +22,11 @@ from .config import TrainConfig
 from ..data import DataSplits, load_data, normalize
 from .faults import inject_fault
 from .hooks import attach_recorder
-from .model import build_model, flat_params
+from .job import table_shape
+from .model import build_model, flat_params, n_params
 from .plan import StepPlan
 from .rng import seed_rank
-from .telemetry import RankTelemetry, TelemetryBuffers
+from .telemetry import RankTelemetry
 
 
 def device_for(rank: int, backend: str) -> torch.device:
@@ -38,8 +39,9 @@ def device_for(rank: int, backend: str) -> torch.device:
 
 
 def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Optional[DataSplits],
-          buf: TelemetryBuffers) -> dict:
-    """Train this rank's replica; per-step records go to buf[rank]; returns rank 0's final parameters."""
+          run_dir: str) -> dict:
+    """Train this rank's replica; its per-step records go to its rows file in run_dir; returns rank 0's final
+    parameters."""
     device = device_for(rank, backend)
     seed_rank(cfg.seed, rank)  # each rank its own dropout masks etc., the same ones in every run of this seed
     data = data or load_data(cfg, quiet=True)  # None: every rank loads its own copy, as the listing's do
@@ -48,8 +50,9 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
     start_step = resume(cfg.resume_from, model, optimizer, device, rank)  # with this rank's generator states
     # DDP broadcasts rank 0's parameters now and registers autograd hooks that all-reduce gradients in buckets.
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    telemetry = RankTelemetry(buf, rank, cfg, model, attach_recorder(ddp, cfg.comm_hook, cfg.telemetry))
     plan = StepPlan.for_run(cfg, len(data.train_labels), world_size, start_step)
+    telemetry = RankTelemetry(run_dir, rank, table_shape(cfg, plan, n_params(model)), cfg, model,
+                              attach_recorder(ddp, cfg.comm_hook, cfg.telemetry))
     batches = RankBatches(cfg, data, rank, world_size, device)  # this rank's shard, reshuffled every epoch
     freeze_heap()
     for step, micro in plan.steps(batches):

@@ -1,4 +1,4 @@
-"""What a launch leaves behind, and removing it: its log folder, what a dead launch left, its signal handlers."""
+"""What a launch leaves behind, and removing it: its run folder, what a dead launch left, its signal handlers."""
 from __future__ import annotations
 
 import glob
@@ -7,43 +7,112 @@ import shutil
 import signal
 import tempfile
 import threading
-from typing import Any
+from typing import Any, Dict
 
-LOG_DIR_PREFIX = "ddp_helpers-ranks-"  # the ranks' log folders in the temp dir (their owner's pid inside)
+try:
+    import fcntl
+except ImportError:  # Windows: a folder's owner is named by its pid and start time instead
+    fcntl = None  # type: ignore[assignment]
+
+RUN_DIR_PREFIX = "ddp_helpers-ranks-"  # a launch's run folder in the temp dir (ranks/outbox.py: what is in it)
 MP_DIR_PREFIX = "ddp_helpers-mp-"  # a launching process's multiprocessing folder (the forkserver's socket)
+LOCK = "owner.lock"  # held (flock, shared) by every process the folder belongs to, for as long as it runs
+_HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this process
 
 
-def new_log_dir() -> str:
-    """A private folder for the ranks' logs and reports, marked with its owner, after removing dead ones'."""
+def new_run_dir() -> str:
+    """A private run folder for a launch's ranks, marked with its owner, after removing dead launches' folders."""
     remove_stale()
-    return owned_dir(LOG_DIR_PREFIX)
+    return owned_dir(RUN_DIR_PREFIX)
 
 
 def owned_dir(prefix: str) -> str:
-    """A new folder in the temp dir with an owner file (pid, start time): remove_stale knows when it is garbage."""
+    """A new folder in the temp dir that is live while this process runs (remove_stale leaves it alone).
+
+    Its lock file is locked before it takes its name, so no other process ever sees it unlocked. A lock is the
+    kernel's, not a pid: it holds across PID namespaces (containers sharing /tmp see other pids), and it is
+    released when its process ends, however it ends. Where there is no flock (Windows), the owner file's pid
+    and start time say the same within one namespace.
+    """
     import psutil
 
     folder = tempfile.mkdtemp(prefix=prefix)
     with open(os.path.join(folder, "owner"), "w") as fh:
         fh.write(f"{os.getpid()} {psutil.Process().create_time()}")
+    hold(folder)
     return folder
 
 
-def remove_stale() -> None:
-    """Remove the folders of launches whose process is gone (a kernel restart or SIGKILL skips their cleanup):
-    the ranks' log folders, and the multiprocessing folder of each launching process (startmethod)."""
+def hold(folder: str) -> None:
+    """Take a shared hold on folder's lock (created if missing) for the rest of this process's life."""
+    if fcntl is None or folder in _HELD:
+        return
+    tmp = os.path.join(folder, f".{LOCK}.{os.getpid()}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        os.link(tmp, os.path.join(folder, LOCK))  # the lock appears already held; an existing one is shared
+    except FileExistsError:
+        os.close(fd)
+        fd = os.open(os.path.join(folder, LOCK), os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.remove(tmp)
+    _HELD[folder] = fd
+
+
+def release(folder: str) -> None:
+    """Drop this process's hold on folder (before removing it)."""
+    fd = _HELD.pop(folder, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _unheld(lock: str) -> bool:
+    """True when no process holds the lock (its folder is garbage)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False  # not ours to judge (another user's), or just removed
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _owner_gone(folder: str) -> bool:
+    """Without a lock: is the pid in the owner file gone, or reused by a process that started later?"""
     import psutil
 
-    for prefix in (LOG_DIR_PREFIX, MP_DIR_PREFIX):
+    try:
+        with open(os.path.join(folder, "owner")) as fh:
+            pid, started = fh.read().split()
+        return not (psutil.pid_exists(int(pid)) and abs(psutil.Process(int(pid)).create_time() - float(started)) < 1e-3)
+    except (OSError, ValueError, psutil.Error):
+        return False  # not ours (no owner file), or being written, or its owner just left: leave it
+
+
+def remove_stale() -> None:
+    """Remove the folders of launches whose processes are gone (a kernel restart or SIGKILL skips their
+    cleanup): the run folders, and the multiprocessing folder of each launching process (startmethod)."""
+    for prefix in (RUN_DIR_PREFIX, MP_DIR_PREFIX):
         for folder in glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*")):
-            try:
-                with open(os.path.join(folder, "owner")) as fh:
-                    pid, started = fh.read().split()
-                alive = psutil.pid_exists(int(pid)) and abs(psutil.Process(int(pid)).create_time() - float(started)) < 1e-3
-            except (OSError, ValueError, psutil.Error):
-                continue  # not ours (no owner file), or being written, or its owner just left: leave it
-            if not alive:  # the pid is gone, or reused by a process that started later
+            lock = os.path.join(folder, LOCK)
+            if fcntl is not None and os.path.exists(lock):
+                stale = _unheld(lock)
+            else:
+                stale = _owner_gone(folder)
+            if stale:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_run_dir(folder: str) -> None:
+    """Remove a run folder this process made (its hold released first)."""
+    release(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class Signalled(SystemExit):

@@ -36,21 +36,31 @@ def under_torchrun(environ: Mapping[str, str] = os.environ) -> bool:
     return all(k in environ for k in REQUIRED)
 
 
-def launched_env(rank: int, world_size: int, host: str, port: int, run_id: str) -> Dict[str, str]:
-    """What torchrun's agent sets for a worker on a single node (local_elastic_agent.py, _start_workers).
+def launched_env(world_size: int, host: str, port: int, run_id: str, threads: int,
+                 environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """What torchrun's agent sets alike for every worker on a single node (local_elastic_agent.py,
+    _start_workers; rank_env adds each rank's own).
 
     TORCHELASTIC_USE_AGENT_STORE with MASTER_ADDR:MASTER_PORT tells init_process_group that a store already
     serves there (our parent's, as torchrun's agent's does), so every rank joins it as a client
-    (torch.distributed.rendezvous._create_c10d_store).
+    (torch.distributed.rendezvous._create_c10d_store). OMP_NUM_THREADS, unless set, is the ranks' share of the
+    cores (torchrun's run.py sets 1 for more than one process per node; each rank also sets torch's own count).
     """
     return {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
         "ROLE_NAME": "default", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
         "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": host, "MASTER_PORT": str(port),
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", str(threads)),
     }
+
+
+def rank_env(rank: int) -> Dict[str, str]:
+    """What torchrun's agent sets for one worker of a single node: its ranks (global, local, in its role; the
+    node is group 0)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank), "GROUP_RANK": "0"}
 
 
 @dataclass(frozen=True)
@@ -58,8 +68,8 @@ class RankSpec:
     """What launch() tells every rank besides its function (stdlib only: a spawned rank unpickles it before its
     parent watch runs, so importing torch here would leave a rank alive seconds after a killed parent)."""
 
-    env: Dict[str, str]  # torchrun's variables, but RANK and LOCAL_RANK (set per rank)
-    log_dir: str
+    env: Dict[str, str]  # torchrun's variables shared by every rank (rank_env adds each rank's own)
+    run_dir: str  # where each rank leaves its log, its report and its rows (ranks/outbox.py)
     backend: str
     timeout_s: float
     threads: int

@@ -10,13 +10,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from ..engine.config import ConfigError, check_address, default_threads, resolve_backend
+from ..common.errors import ConfigError
 from .boot import rank_main
-from .cleanup import EndOnSignals, new_log_dir
+from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from .env import RankSpec, launched_env
+from .outbox import read_reports
 from .payload import Deferred
-from .procs import binding_plan, kill_group
-from .report import RankFailedError, diagnose, raised_in_collective, read_reports
+from .placement import check_address, check_binding, default_threads, resolve_backend
+from .procs import kill_group
+from .report import RankFailedError, diagnose, raised_in_collective
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .store import bind_listener, serve_store
 
@@ -82,16 +84,16 @@ def check_launch(world_size: int, backend: str, host: str, port: int) -> str:
 
 def _check_binding(world_size: int, threads: int, backend: str, bind_cores: Optional[bool]) -> None:
     try:
-        binding_plan(world_size, threads, backend, bind_cores)  # each rank makes the same plan for itself
-    except ValueError as e:
-        raise LaunchError(f"launch(bind_cores=True) refused: {e}. Use bind_cores=None to bind only when possible, "
-                          "or fewer ranks or threads_per_rank") from None
+        check_binding(world_size, threads, backend, bind_cores, setting="launch(bind_cores={})")
+    except ConfigError as e:
+        raise LaunchError(f"{e}. Use bind_cores=None to bind only when possible, or fewer ranks or "
+                          "threads_per_rank") from None
 
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
            on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
-           bind_cores: Optional[bool] = None, init_group: bool = True) -> List[Any]:
+           bind_cores: Optional[bool] = None, init_group: bool = True, run_dir: Optional[str] = None) -> List[Any]:
     """Run fn(rank, world_size, *args) on world_size processes in one process group; return each rank's value.
 
     Every rank sees torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -104,30 +106,35 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     A rank that fails, or ends without returning, ends all of them and raises RankFailedError; Ctrl-C ends them
     all and re-raises; nothing a rank started outlives the call.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
+    run_dir: the run folder each rank leaves its log, report and rows in (ranks/outbox.py); by default a new
+    one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
+    read and remove.
     """
     method = check_start_method(start_method)
     backend = check_launch(world_size, backend, host, port)
     threads = threads_per_rank or default_threads(world_size)
     if init_group:
         _check_binding(world_size, threads, backend, bind_cores)
-    log_dir = new_log_dir()
+    own_dir = run_dir is None
+    run_dir = new_run_dir() if own_dir else run_dir
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
     listener = store = None
     with EndOnSignals():
         try:
             listener = _listen(host, port)  # before the ranks start: its port is part of their environment
-            env = launched_env(0, world_size, host, listener.getsockname()[1], f"ddp_helpers-{uuid.uuid4().hex[:8]}")
-            spec = RankSpec(env, log_dir, backend, timeout_s, threads, bind_cores, init_group)
+            env = launched_env(world_size, host, listener.getsockname()[1], f"ddp_helpers-{uuid.uuid4().hex[:8]}",
+                               threads)
+            spec = RankSpec(env, run_dir, backend, timeout_s, threads, bind_cores, init_group)
             context = _start_ranks(method, world_size, spec, Deferred((fn, args)), procs)
             # The store's server starts only now, after the ranks exist: a forked child must not inherit its
             # thread (it could hold a lock at the moment of the fork, and the child would hang in the rendezvous).
             store = serve_store(listener, host, world_size, timeout_s)
-            outputs = _supervise(context, method, log_dir, world_size, on_poll, poll_s)
+            outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s)
         except BaseException:
-            _end_launch(procs, log_dir, wait_s=0.0)  # KeyboardInterrupt included: nothing outlives the call
+            _end_launch(procs, run_dir if own_dir else None, wait_s=0.0)  # KeyboardInterrupt too: nothing outlives it
             raise
         else:
-            _end_launch(procs, log_dir, wait_s=10.0)  # every rank reported: they are exiting now
+            _end_launch(procs, run_dir if own_dir else None, wait_s=10.0)  # every rank reported: they are exiting now
             return outputs
         finally:
             store = None  # noqa: F841 - frees the port for the next run
@@ -159,12 +166,12 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
         p = ctx.Process(target=rank_main, args=(rank, spec, payload), name=f"ddp_helpers-rank{rank}", daemon=False)
         p.start()
         procs.append(p)
-    context = ProcessContext(procs, [os.path.join(spec.log_dir, f"rank{r}.err") for r in range(world_size)])
+    context = ProcessContext(procs, [os.path.join(spec.run_dir, f"rank{r}.err") for r in range(world_size)])
     context.forkserver_pid = _forkserver_pid() if method == "forkserver" else None  # whose death would end them
     return context
 
 
-def _supervise(context: ProcessContext, method: str, log_dir: str, world_size: int,
+def _supervise(context: ProcessContext, method: str, run_dir: str, world_size: int,
                on_poll: Optional[Callable[[], None]], poll_s: float) -> List[Any]:
     """Wait for every rank; on the first failure end them all (torch's join) and raise RankFailedError."""
     from torch.multiprocessing.spawn import ProcessException
@@ -182,24 +189,25 @@ def _supervise(context: ProcessContext, method: str, log_dir: str, world_size: i
                 if context.join(timeout=poll_s, grace_period=SETTLE_S):
                     break
             except ProcessException as e:
-                err = _failure(e.error_index, context, method, log_dir, world_size)
+                err = _failure(e.error_index, context, method, run_dir, world_size)
                 raise err from err.__cause__  # the rank's own exception, not torch's ProcessExitedException
     finally:
         spawn_log.setLevel(level)
     if on_poll is not None:
         on_poll()
-    reports = read_reports(log_dir, world_size)
+    reports = read_reports(run_dir, world_size)
     if len(reports) < world_size or not all(r.ok for r in reports.values()):  # exited with 0, said nothing
         first = next(r for r in range(world_size) if r not in reports or not reports[r].ok)
-        err = _failure(first, context, method, log_dir, world_size)
+        err = _failure(first, context, method, run_dir, world_size)
         raise err from err.__cause__
     return [pickle.loads(reports[r].value) for r in range(world_size)]
 
 
-def _failure(first: int, context: ProcessContext, method: str, log_dir: str, world_size: int) -> RankFailedError:
+def _failure(first: int, context: ProcessContext, method: str, run_dir: str, world_size: int) -> RankFailedError:
     codes = [p.exitcode for p in context.processes]
     server = getattr(context, "forkserver_pid", None)
-    return diagnose(first, codes, read_reports(log_dir, world_size), log_dir, _forkserver_died(method, codes, server))
+    return diagnose(read_reports(run_dir, world_size), run_dir, world_size, first=first, codes=codes,
+                    server_died=_forkserver_died(method, codes, server))
 
 
 def _forkserver_pid() -> Optional[int]:
@@ -232,10 +240,9 @@ def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[i
         time.sleep(0.02)
 
 
-def _end_launch(procs: List[Any], log_dir: str, wait_s: float) -> None:
-    """Reap or stop every rank, end what they started, remove the log folder: nothing of the launch outlives it."""
-    import shutil
-
+def _end_launch(procs: List[Any], run_dir: Optional[str], wait_s: float) -> None:
+    """Reap or stop every rank, end what they started, remove the run folder if it is the launch's own: nothing
+    of the launch outlives it."""
     try:
         _join_all(procs, wait_s)  # a rank that reported its value exits at once; one that doesn't ...
         stop_processes(procs)  # ... is ended here
@@ -243,13 +250,12 @@ def _end_launch(procs: List[Any], log_dir: str, wait_s: float) -> None:
             if p.pid is not None:
                 kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
     finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
+        if run_dir is not None:
+            remove_run_dir(run_dir)
 
 
 def _join_all(procs: List[Any], timeout_s: float) -> None:
     """Join every process within one shared timeout."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

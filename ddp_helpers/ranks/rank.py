@@ -1,7 +1,7 @@
 """The one way into a rank: read torchrun's environment, join the group, bind, run the function, leave.
 
 Ranks that torchrun starts (python -m ddp_helpers.train) and ranks that launch() starts both call run_rank;
-they differ only in who started the process and how its result gets back (rank_entry: a report file).
+they differ only in who started the process; both leave their outcome in the run folder (ranks/outbox.py).
 """
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .env import RankEnv, RankSpec
+from .env import RankEnv, RankSpec, rank_env
+from .outbox import log_path, write_report
 from .procs import bind_this_thread, binding_plan, kill_descendants
-from .report import error_report, value_report, write_report
+from .report import error_report, value_report
 
 
 SETUP_GRACE_S = 5.0  # past timeout_s, before a rank stuck in set-up gives up on its own
@@ -139,16 +140,16 @@ def _quiet_child(log_path: str) -> None:
 
 def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
     """What each launched child runs (after boot.rank_main): the rank, then its report, then exit."""
-    _quiet_child(os.path.join(spec.log_dir, f"rank{rank}.log"))
+    _quiet_child(log_path(spec.run_dir, rank))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
-    os.environ.update(spec.env, RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(spec.env, **rank_env(rank))
     code = 0
     try:
         fn, fn_args = payload.get()
         out = run_rank(fn, fn_args, spec.backend, spec.timeout_s, spec.threads, spec.bind_cores, spec.init_group)
-        write_report(spec.log_dir, rank, value_report(out))
+        write_report(spec.run_dir, rank, value_report(out))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit, to the parent
-        write_report(spec.log_dir, rank, error_report(e))
+        write_report(spec.run_dir, rank, error_report(e))
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

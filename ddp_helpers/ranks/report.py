@@ -1,4 +1,5 @@
-"""What each rank reports back (a file in the launch's log folder), and which rank a failure is blamed on."""
+"""What each rank reports (its value or its error, left in the run folder: ranks/outbox.py), and which rank a
+failure is blamed on."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..engine.fileio import atomic_write
+from .outbox import log_path, log_tail
 
 _TORCH_COMM_DIRS = (os.sep + os.path.join("torch", "distributed") + os.sep,
                     os.sep + os.path.join("torch", "nn", "parallel") + os.sep,
@@ -62,16 +63,6 @@ class Report:
     in_collective: bool = False
 
 
-def write_report(log_dir: str, rank: int, report: Report) -> None:
-    """Write the report; renamed into place, so the parent never reads half of one."""
-    atomic_write(os.path.join(log_dir, f"report{rank}.pkl"), lambda tmp: _write_pickle(tmp, report))
-
-
-def _write_pickle(path: str, obj: Any) -> None:
-    with open(path, "wb") as fh:
-        pickle.dump(obj, fh)
-
-
 def value_report(value: Any) -> Report:
     """The report of a rank that returned."""
     return Report(True, value=pickle.dumps(value))
@@ -88,51 +79,39 @@ def error_report(e: BaseException) -> Report:
                   text=f"{type(e).__name__}: {e}", in_collective=raised_in_collective(e))
 
 
-def read_reports(log_dir: str, world_size: int) -> Dict[int, Report]:
-    """Every report written so far."""
-    found = {}
-    for rank in range(world_size):
-        try:
-            with open(os.path.join(log_dir, f"report{rank}.pkl"), "rb") as fh:
-                found[rank] = pickle.load(fh)
-        except FileNotFoundError:
-            continue
-    return found
-
-
-def log_tail(log_dir: str, rank: int, n: int = 2000) -> str:
-    """The end of a rank's captured stdout and stderr."""
-    try:
-        with open(os.path.join(log_dir, f"rank{rank}.log"), errors="replace") as fh:
-            return fh.read()[-n:]
-    except OSError:
-        return ""
-
-
-def diagnose(first: int, codes: Sequence[Optional[int]], reports: Dict[int, Report], log_dir: str,
-             server_died: bool = False) -> RankFailedError:
+def diagnose(reports: Dict[int, Report], run_dir: str, world_size: int, first: Optional[int] = None,
+             codes: Optional[Sequence[Optional[int]]] = None, server_died: bool = False) -> RankFailedError:
     """The rank to blame, in this order: one killed by a signal of its own, one that exited without reporting,
-    the lowest that raised outside a collective, one the others waited for in vain, the lowest that raised."""
+    the lowest that raised outside a collective, one the others waited for in vain, the lowest that raised.
+
+    codes: each rank's exit code (None while running), when the caller started the ranks (launch); a torchrun
+    rank knows only what the run folder holds (codes=None), and blames by the reports alone. first: the rank
+    whose exit was seen first.
+    """
     errors = {r: rep for r, rep in reports.items() if not rep.ok}
     others = [f"rank {r}: {rep.text}" for r, rep in sorted(errors.items())]
-    killed = _killed(first, codes, errors)
+    known = list(codes) if codes is not None else [None] * world_size
+    killed = _killed(first, known, errors)
     if killed is not None:
-        return RankFailedError(killed, f"process was killed by signal {_signal_name(codes[killed])} "
-                                       f"(exit code {codes[killed]})", log_tail=log_tail(log_dir, killed),
+        return RankFailedError(killed, f"process was killed by signal {_signal_name(known[killed])} "
+                                       f"(exit code {known[killed]})", log_tail=log_tail(run_dir, killed),
                                others=others)
-    exited = [r for r, c in enumerate(codes) if c is not None and c >= 0 and r not in reports]
+    exited = [r for r, c in enumerate(known) if c is not None and c >= 0 and r not in reports]
     if exited:
-        return _exited_silently(exited[0], codes[exited[0]], log_dir, server_died, others)
+        return _exited_silently(exited[0], known[exited[0]], run_dir, server_died, others)
     if not errors:
-        return RankFailedError(first, f"process exited with code {codes[first]} without reporting",
-                               log_tail=log_tail(log_dir, first), others=others)
+        r = first if first is not None else 0
+        return RankFailedError(r, f"process exited with code {known[r]} without reporting",
+                               log_tail=log_tail(run_dir, r), others=others)
     own = sorted(r for r, rep in errors.items() if not rep.in_collective)
-    silent = [r for r in range(len(codes)) if r not in reports]
+    silent = [r for r in range(world_size) if r not in reports]
     if not own and silent:
         r = silent[0]
-        return RankFailedError(r, "stopped responding: the other ranks timed out waiting for it in a collective "
-                                  "(a hang, a deadlock, or a rank that skipped a collective); it was then terminated",
-                               log_tail=log_tail(log_dir, r), others=others)
+        what = ("stopped responding: the other ranks timed out waiting for it in a collective (a hang, a deadlock, "
+                "or a rank that skipped a collective); it was then terminated") if codes is not None else \
+            ("reported nothing while the others failed in a collective with it: it was killed, or it hung or "
+             "skipped a collective")
+        return RankFailedError(r, what, log_tail=log_tail(run_dir, r), others=others)
     r = own[0] if own else min(errors)  # the lowest rank, not the first in time: the same answer on every run
     return _raised(r, errors[r], others)
 
@@ -150,11 +129,11 @@ def _raised(rank: int, rep: Report, others: List[str]) -> RankFailedError:
     return err
 
 
-def _exited_silently(rank: int, code: int, log_dir: str, server_died: bool, others: List[str]) -> RankFailedError:
+def _exited_silently(rank: int, code: int, run_dir: str, server_died: bool, others: List[str]) -> RankFailedError:
     if server_died:
         return RankFailedError(rank, "the forkserver that starts the ranks died during the run, and its ranks with "
                                      "it (killed from outside?); the next launch starts a new one", others=others)
-    if not os.path.exists(os.path.join(log_dir, f"rank{rank}.log")):
+    if not os.path.exists(log_path(run_dir, rank)):
         # The log is the first thing a rank opens: this one died while Python was still starting it.
         return RankFailedError(rank, f"process exited with code {code} before it reached the training function. "
                                      "With start_method 'spawn' or 'forkserver' each rank first re-imports the main "
@@ -163,16 +142,16 @@ def _exited_silently(rank: int, code: int, log_dir: str, server_died: bool, othe
                                      "`if __name__ == \"__main__\":`", others=others)
     return RankFailedError(rank, f"exited with code {code} without returning a result (os._exit() or a crash "
                                  "in native code ends a process before it can report)",
-                           log_tail=log_tail(log_dir, rank), others=others)
+                           log_tail=log_tail(run_dir, rank), others=others)
 
 
-def _killed(first: int, codes: Sequence[Optional[int]], errors: dict) -> Optional[int]:
+def _killed(first: Optional[int], codes: Sequence[Optional[int]], errors: dict) -> Optional[int]:
     """The rank a signal ended before anyone stopped it, or None.
 
     torch's join names the first rank it saw exit; the others it then ended with SIGTERM. A rank ended by
     another signal (SIGKILL from the OOM killer, a segfault) died on its own, even if join saw a peer first.
     """
-    if first not in errors and codes[first] is not None and codes[first] < 0:
+    if first is not None and first not in errors and codes[first] is not None and codes[first] < 0:
         return first
     own = [r for r, c in enumerate(codes) if c is not None and c < 0 and c != -signal.SIGTERM and r not in errors]
     return own[0] if own else None

@@ -18,16 +18,6 @@ MODULES = ("torch.distributed", "torch._dynamo", "psutil", "ddp_helpers.ranks.bo
 EXTRA_ENV = "DDP_HELPERS_PRELOAD"  # more modules for the server to import once (comma-separated): what every rank imports
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists (another user's)
-        pass
-    return True
-
-
 def _watch(launcher: int, stop: threading.Event) -> None:
     while not stop.wait(0.1):
         if os.getppid() != launcher:  # re-parented: the launcher is gone

@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 from typing import List
 
-from ddp_helpers.shipped import list_notebooks  # the same notebooks the wheel ships
+from ddp_helpers.common.shipped import list_notebooks  # the same notebooks the wheel ships
 
 # Sections of the table of contents, in order: (caption, folder under notebooks/). Each lists its *.ipynb by name.
 SECTIONS = [("Notebooks", ""), ("Appendix", "appendix"), ("Exercises", "exercises")]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ddp_helpers import TrainResult
-from ddp_helpers.engine.config import free_port
+from ddp_helpers.ranks.placement import free_port
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 
@@ -71,7 +71,7 @@ def test_cli_bad_flag_value_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("flags", [["--batch-size", "0"], ["--lr", "-1"], ["--epochs", "0"]])
 def test_a_bad_flag_value_is_said_before_torch_is_imported(flags, tmp_path):
     """A typo costs a tenth of a second, not the ~2 s of importing torch (and its data) first."""
-    code = ("import sys; from ddp_helpers.train import main; code = main(sys.argv[1:]); "
+    code = ("import sys; from ddp_helpers.cli.train import main; code = main(sys.argv[1:]); "
             "print(code, 'torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code, *flags, "--out", str(tmp_path / "x")], capture_output=True,
                        text=True, timeout=60, cwd=tmp_path)
@@ -89,7 +89,7 @@ def test_a_bad_flag_value_is_said_before_torch_is_imported(flags, tmp_path):
 def test_a_bad_path_is_said_before_any_process_starts(flags, said, tmp_path):
     """A path that can't work is refused before the forkserver starts (it would import torch for nothing)."""
     (tmp_path / "file").write_text("x")
-    code = ("import sys, psutil; from ddp_helpers.train import main; code = main(sys.argv[1:]); "
+    code = ("import sys, psutil; from ddp_helpers.cli.train import main; code = main(sys.argv[1:]); "
             "print(code, 'torch' in sys.modules, len(psutil.Process().children()))")
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]
@@ -121,7 +121,7 @@ def test_cli_errors_name_flags_not_fields(flags, expected, tmp_path, capsys):
     """The checks speak TrainConfig (right in a notebook); the CLI says which flag to change, in one place."""
     from ddp_helpers.engine.checkpoint import save_checkpoint
     from ddp_helpers.engine.model import build_model
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     import torch
 
@@ -159,14 +159,14 @@ def test_cli_errors_name_flags_in_a_real_process(tmp_path):
     ("start_method='fork' refused: use start_method='auto'", "--start-method fork refused: use --start-method auto"),
 ], ids=["quoted-path-and-unset", "bare-and-none", "optional-bool", "tuple", "verbs", "left-alone", "cli-own-flag"])
 def test_as_flags_translates_fields_to_flags(message, expected):
-    from ddp_helpers.cli_words import as_flags
+    from ddp_helpers.cli.words import as_flags
 
     assert as_flags(message) == expected
 
 
 def test_cli_failure_keeps_partial_metrics(tmp_path, capsys):
     """In this process (test_cli_end_to_end runs the command line as one of its own)."""
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     out = tmp_path / "run"
     code = main(["--dataset", "mnist-5k", "--max-steps", "8", "--fault-rank", "1", "--fault-step", "4",
@@ -197,19 +197,42 @@ def test_torchrun_gives_the_same_run(tmp_path, small_run):
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed next to this Python")
 @pytest.mark.slow
+def test_a_failed_torchrun_job_keeps_every_ranks_rows(tmp_path):
+    """Rank 1 is killed (no code of its own runs) and the agent stops rank 0: rank 0's rows and rank 1's, both
+    in their files already, reach partial_result.json, which also names the rank that failed."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--max-steps", "12",
+                        "--threads-per-rank", "1", "--no-plots", "--fault-rank", "1", "--fault-step", "7",
+                        "--fault-kind", "kill", "--out", str(out)], cwd=tmp_path, env=ENV, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode != 0
+    partial = TrainResult.load(str(out / "partial_result.json"))
+    assert [list(r.step) for r in partial.ranks] == [list(range(7))] * 2, p.stderr[-3000:]
+    assert len(set(partial.ranks[0].param_fingerprint) & set(partial.ranks[1].param_fingerprint)) == 7
+    assert any("failed: rank 1: reported nothing" in n for n in partial.notes), partial.notes
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun not installed next to this Python")
+@pytest.mark.slow
 def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
-    """Two torchrun agents on this machine stand in for two nodes: RANK differs, LOCAL_RANK is 0 on both."""
+    """Two torchrun agents on this machine stand in for two nodes: RANK differs, LOCAL_RANK is 0 on both. Node 1
+    has a temp dir of its own, as another machine would: its rows reach rank 0 over the group, not as files."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     port = free_port()
     procs = []
+    node_tmp = [tmp_path / "tmp0", tmp_path / "tmp1"]
     for node in (0, 1):
+        node_tmp[node].mkdir()
         # Each "node" binds its one rank's thread to the same core otherwise: on real nodes they differ.
         procs.append(subprocess.Popen(
             [torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
              "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "ddp_helpers.train",
              "--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--bind-cores", "false",
              "--no-plots", "--out", str(tmp_path / f"node{node}")],
-            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            cwd=tmp_path, env={**ENV, "TMPDIR": str(node_tmp[node])}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
@@ -219,6 +242,7 @@ def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
     assert not (tmp_path / "node1").exists()  # only global rank 0 writes, even though node 1 has a local rank 0
+    assert [list(t.glob("ddp_helpers-ranks-*")) for t in node_tmp] == [[], []]  # each node's run folder removed
     res = TrainResult.load(str(tmp_path / "node0" / "result.json"))
     assert res.world_size == 2 and res.fingerprints_agree()
     for mine, spawned in zip(res.ranks, small_run.ranks):
@@ -229,13 +253,13 @@ def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
 
 @pytest.mark.parametrize("text, expected", [("false", False), ("true", True), ("auto", None), ("off", False)])
 def test_cli_bind_cores_flag_accepts_auto(text, expected):
-    from ddp_helpers.train import build_parser, config_from_args
+    from ddp_helpers.cli.train import build_parser, config_from_args
 
     assert config_from_args(build_parser().parse_args(["--bind-cores", text])).bind_cores is expected
 
 
 def test_cli_plain_bool_flag_refuses_auto(capsys):
-    from ddp_helpers.train import build_parser
+    from ddp_helpers.cli.train import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--telemetry", "auto"])  # telemetry has no automatic setting
@@ -243,8 +267,8 @@ def test_cli_plain_bool_flag_refuses_auto(capsys):
 
 
 def test_default_threads_follow_the_usable_cores(monkeypatch):
+    import ddp_helpers.ranks.placement as C
     import ddp_helpers.ranks.procs as P
-    import ddp_helpers.engine.config as C
 
     monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
     monkeypatch.setattr(P, "cpu_quota", lambda: None)
@@ -286,7 +310,7 @@ def test_cli_explicit_data_root_that_is_an_empty_folder_is_exit_2(tmp_path, monk
     """The same refusal for a folder that exists but holds nothing (in this process: the test above ran one)."""
     import tempfile
 
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     if _mnist_downloadable():
         pytest.skip("a MNIST mirror is reachable: the folder would be filled by a download")
@@ -315,9 +339,10 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
     with a free core), then trains."""
     import ddp_helpers.engine.runner
     import ddp_helpers.ranks.env
+    import ddp_helpers.cli.torchrun
+    import ddp_helpers.cli.train
     import ddp_helpers.ranks.startmethod
-    import ddp_helpers.train
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     steps = []
 
@@ -333,9 +358,9 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
     monkeypatch.setattr(ddp_helpers.ranks.env, "under_torchrun", lambda: under_torchrun)
     monkeypatch.setenv("RANK", "0")  # torchrun's rank 0 checks --out; read only under torchrun
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(ddp_helpers.train, "_check_room", lambda *a: steps.append("room"))
+    monkeypatch.setattr(ddp_helpers.cli.train, "_check_room", lambda *a: steps.append("room"))
     monkeypatch.setattr(ddp_helpers.engine.runner, "run_training", train)
-    monkeypatch.setattr(ddp_helpers.train, "run_torchrun", train)
+    monkeypatch.setattr(ddp_helpers.cli.torchrun, "run_torchrun", train)
     with pytest.raises(_Started):
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
     assert steps == (["room", "server"] if warmed else ["room", "train"])
@@ -348,7 +373,7 @@ def test_cli_sets_up_matplotlib_only_when_it_draws(monkeypatch, tmp_path, flags,
 
     import ddp_helpers.engine.runner
     import ddp_helpers.ranks.startmethod
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     backends = []
 
@@ -366,7 +391,7 @@ def test_cli_sets_up_matplotlib_only_when_it_draws(monkeypatch, tmp_path, flags,
 def test_cli_error_line_is_one_write(monkeypatch, tmp_path):
     """Under torchrun every rank and the agent write to the same stderr: a line written in two parts (print's
     text, then its newline) can get another process's log line in between (seen in the torchrun test)."""
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     writes = []
 

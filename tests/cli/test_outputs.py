@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ddp_helpers import TrainResult
-from ddp_helpers.outputs import KEPT_PREFIX, OutputError, estimate_bytes
+from ddp_helpers.cli.outputs import KEPT_PREFIX, OutputError, estimate_bytes
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 
@@ -65,7 +65,7 @@ def _fill(folder, leave: int = 0) -> None:
 
 # ------------------------------------------------------------------------------------ the estimate
 def test_estimate_bounds_what_a_run_writes(small_cfg, small_run, tmp_path):
-    from ddp_helpers.train import write_outputs
+    from ddp_helpers.cli.outputs import write_outputs
 
     paths = write_outputs(small_run, str(tmp_path), plots=True)
     sizes = {os.path.basename(p): os.path.getsize(p) for p in paths}
@@ -79,7 +79,7 @@ def test_estimate_bounds_what_a_run_writes(small_cfg, small_run, tmp_path):
 def test_the_estimate_counts_the_models_parameters_without_building_it():
     """--out is sized before torch is imported, from a count of the listing's model, not the model itself."""
     from ddp_helpers.engine.model import build_model, n_params
-    from ddp_helpers.outputs import MODEL_PARAMS
+    from ddp_helpers.cli.outputs import MODEL_PARAMS
 
     assert MODEL_PARAMS == n_params(build_model(0))
 
@@ -88,7 +88,7 @@ def test_the_estimate_counts_the_models_parameters_without_building_it():
 def test_full_out_is_refused_before_any_process_starts(small_disk, tmp_path):
     disk = small_disk("200k")
     env = {**ENV, "TMPDIR": str(tmp_path)}  # a started rank would leave its log folder here
-    code = ("import sys, psutil; from ddp_helpers.train import main; code = main(sys.argv[1:]); "
+    code = ("import sys, psutil; from ddp_helpers.cli.train import main; code = main(sys.argv[1:]); "
             "print(code, 'torch' in sys.modules, len(psutil.Process().children()))")
     p = subprocess.run([sys.executable, "-c", code, "--dataset", "mnist-5k", "--max-steps", "5", "--out",
                         str(disk / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
@@ -170,7 +170,7 @@ def full_out(tmp_path, monkeypatch):
 
 
 def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, full_out):
-    from ddp_helpers.train import write_outputs
+    from ddp_helpers.cli.outputs import write_outputs
 
     out = full_out
     with pytest.raises(OutputError) as e:
@@ -184,7 +184,7 @@ def test_write_failure_keeps_the_result_monkeypatched(small_run, tmp_path, full_
 
 def test_failed_runs_partial_result_is_kept_when_out_is_full(tmp_path, full_out, capsys):
     """A failed run's partial_result.json too: kept in the temp dir when --out can't take it."""
-    from ddp_helpers.train import main
+    from ddp_helpers.cli.train import main
 
     out = full_out
     code = main(["--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--fault-rank", "1",

@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 import pytest
+
+from ddp_helpers.data.catalog import steps_per_epoch
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -187,8 +189,8 @@ def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
 
 
 def test_steps_per_epoch_seed_vs_default():
-    assert S.steps_per_epoch(60000, 2, 64, "default") == 469
-    assert S.steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
+    assert steps_per_epoch(60000, 2, 64, "default") == 469
+    assert steps_per_epoch(60000, 2, 64, "seed") == 938  # no sampler: each rank walks the whole set
 
 
 def test_ranks_receive_the_parents_normalized_images(small_cfg):

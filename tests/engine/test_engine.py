@@ -11,7 +11,7 @@ import torch
 
 from ddp_helpers import TrainConfig, build_model, launch, run_training, train_single_process
 from ddp_helpers.engine.plan import StepPlan
-from ddp_helpers.engine.telemetry import RankField, StepFloat, StepInt, TelemetryBuffers
+from ddp_helpers.engine.telemetry import RankField, StepFloat, StepInt, TableShape
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "ddp_helpers"
 
@@ -47,9 +47,9 @@ def test_max_steps_ends_the_plan_and_a_resume_past_it_makes_none():
 
 
 def test_telemetry_tables_are_sized_from_their_column_names():
-    buf = TelemetryBuffers(world_size=2, max_steps=3, samples_per_step=4, n_capture=0, n_params=5)
-    assert buf.f64.shape[-1] == len(StepFloat) and buf.i64.shape[-1] == len(StepInt)
-    assert buf.rank_info.shape[-1] == len(RankField)
+    specs = TableShape(max_steps=3, samples_per_step=4, n_capture=0, n_params=5).specs()
+    assert specs["f64"][1] == (3, len(StepFloat)) and specs["i64"][1] == (3, len(StepInt))
+    assert specs["info"][1] == (len(RankField),) and specs["samples"][1] == (3, 4)
 
 
 # ------------------------------------------------------------------------------------------ the hook

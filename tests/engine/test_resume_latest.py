@@ -69,7 +69,7 @@ def test_an_injected_fault_fires_in_the_first_attempt_only(monkeypatch):
 
 
 def _start_steps(rank, world_size, steps):
-    from ddp_helpers.train import _check_same_start
+    from ddp_helpers.cli.torchrun import _check_same_start
 
     _check_same_start(steps[rank])
     return "agreed"
@@ -99,3 +99,8 @@ def test_torchrun_restarts_a_crashed_job_that_resumes_from_latest(tmp_path, smal
     assert "will restart worker group" in p.stderr and "InjectedFault" in p.stderr
     res = TrainResult.load(str(tmp_path / "out" / "result.json"))
     assert res.ranks[0].step[0] == 4 and np.array_equal(res.final_params, small_run.final_params)
+    # The failed attempt's records: every rank's rows up to the crash, under a name that says which attempt.
+    failed = TrainResult.load(str(tmp_path / "out" / "partial_result.attempt0.json"))
+    assert [list(r.step) for r in failed.ranks] == [list(range(6))] * 2 and not failed.complete
+    assert any("attempt 0 failed: rank 1: InjectedFault" in n for n in failed.notes), failed.notes
+    assert not (tmp_path / "out" / "partial_result.json").exists()  # nothing reads as this job's partial result

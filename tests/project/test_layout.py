@@ -70,6 +70,53 @@ def test_no_import_circle_between_modules():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
+# Which folders of the package each folder may import: the layers, bottom to top. Nothing imports upwards, so
+# a rank never loads plotting or widget code, and ranks/ (the launcher) and data/ can be read and tested alone.
+LAYERS = {
+    "common": set(),
+    "ranks": {"common"},
+    "data": {"common"},
+    "engine": {"common", "ranks", "data"},
+    "lesson": {"common", "ranks", "data", "engine"},
+    "exercises": {"common", "ranks", "data", "engine", "lesson"},
+    "cli": {"common", "ranks", "data", "engine", "lesson"},
+}
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "<top>"
+
+
+def back_edges(graph: dict) -> list:
+    """Every import from a folder into one it may not use (LAYERS); the top level (__init__, train) may use all."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        here = _folder(module)
+        if here == "<top>":
+            continue
+        for dep in sorted(deps):
+            there = _folder(dep)
+            if there not in (here, "<top>") and there not in LAYERS[here] or (there == "<top>" and dep != "ddp_helpers"):
+                bad.append(f"{module} -> {dep}")
+    return bad
+
+
+def test_every_folder_of_the_package_is_a_layer():
+    assert {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"notebooks", "examples"} == set(LAYERS)
+
+
+def test_layers_import_one_way():
+    assert back_edges(_graph()) == []
+
+
+def test_the_back_edge_finder_finds_one():
+    assert back_edges({"ddp_helpers.ranks.launcher": {"ddp_helpers.engine.config"},
+                       "ddp_helpers.engine.config": {"ddp_helpers.ranks.placement"},
+                       "ddp_helpers.data.sources": {"ddp_helpers.cli.train"}}) == [
+        "ddp_helpers.data.sources -> ddp_helpers.cli.train", "ddp_helpers.ranks.launcher -> ddp_helpers.engine.config"]
+
+
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
@@ -102,8 +149,7 @@ def test_importing_every_module_starts_no_thread():
 
 
 # tests/ is grouped like the package: one folder per part of it, and two of its own.
-TEST_GROUPS_OF_OUR_OWN = {"cli": "the command lines at the package's top level (train, outputs, the plain script)",
-                          "project": "the repository as a whole: docs, layout, packaging, site, notebooks, benchmarks"}
+TEST_GROUPS_OF_OUR_OWN = {"project": "the repository as a whole: docs, layout, packaging, site, notebooks, benchmarks"}
 
 
 def test_tests_are_grouped_like_the_package():

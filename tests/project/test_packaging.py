@@ -113,14 +113,14 @@ def test_every_subpackage_is_listed_for_the_wheel():
 
 def _repo_files() -> dict:
     """What a copy should hold, by relative path: the repository's notebooks, and its examples/ beside them."""
-    from ddp_helpers.shipped import list_examples, list_notebooks
+    from ddp_helpers.common.shipped import list_examples, list_notebooks
 
     return {**list_notebooks(ROOT / "notebooks"), **list_examples(ROOT / "examples")}
 
 
 def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
-    from ddp_helpers.copy_notebooks import copy_notebooks
-    from ddp_helpers.shipped import examples_source, notebook_source
+    from ddp_helpers.cli.copy_notebooks import copy_notebooks
+    from ddp_helpers.common.shipped import examples_source, notebook_source
 
     assert notebook_source() == ROOT / "notebooks"  # a checkout (editable or PYTHONPATH): its own notebooks/
     assert examples_source() == ROOT / "examples"
@@ -141,7 +141,7 @@ def test_copy_notebooks_refuses_to_overwrite_without_force(tmp_path):
 
 def test_example_file_takes_the_copy_beside_the_notebook(tmp_path, monkeypatch):
     """A notebook's kernel runs in the notebook's folder: examples/ there (a copy) first, else the package's."""
-    from ddp_helpers.shipped import example_file
+    from ddp_helpers.common.shipped import example_file
 
     monkeypatch.chdir(tmp_path)  # like notebooks/ in the repository: no examples/ beside it
     assert example_file("ddp_mnist.py") == ROOT / "examples" / "ddp_mnist.py"
@@ -183,7 +183,7 @@ def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
     expected = sorted(rel if rel.startswith("examples/") else f"notebooks/{rel}" for rel in files)
     assert shipped == expected, "the wheel's notebooks and examples differ from the repository's (README, cfg stay out)"
 
-    where = subprocess.run([sys.executable, "-c", "import ddp_helpers.copy_notebooks as m; print(m.__file__)"],
+    where = subprocess.run([sys.executable, "-c", "import ddp_helpers.cli.copy_notebooks as m; print(m.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert pathlib.Path(where).resolve().is_relative_to(target.resolve()), where
     command = pip_user.console_script(target, "ddp-helpers-notebooks")
@@ -193,7 +193,7 @@ def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
         assert (work / "mine" / rel).read_bytes() == src.read_bytes(), rel
     again = subprocess.run(command + ["mine"], cwd=work, env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "--force" in again.stderr, (again.returncode, again.stderr)
-    forced = subprocess.run([sys.executable, "-m", "ddp_helpers.copy_notebooks", "mine", "--force"], cwd=work,
+    forced = subprocess.run([sys.executable, "-m", "ddp_helpers.cli.copy_notebooks", "mine", "--force"], cwd=work,
                             env=env, capture_output=True, text=True)
     notebooks = sum(rel.endswith(".ipynb") for rel in files)
     assert forced.returncode == 0 and f"copied {notebooks} notebooks and the 2 scripts" in forced.stdout, forced.stderr

@@ -109,6 +109,54 @@ def test_a_launched_function_reads_torchruns_variables_and_joins_with_no_argumen
     assert [total for _, total in out] == [2.0, 2.0]
 
 
+# What torchrun's agent sets for a worker (local_elastic_agent.py, _start_workers), in the same words for a rank
+# launch() starts. Values that differ by job, with the reason each may:
+PER_JOB = {"MASTER_ADDR": "the host each was given (torchrun --standalone says localhost)",
+           "MASTER_PORT": "a free port, picked per job", "TORCHELASTIC_RUN_ID": "one id per job"}
+TORCHRUN_ONLY = {"TORCHELASTIC_ERROR_FILE": "torchrun's agent reads each rank's error from it; launched ranks leave "
+                                            "their outcome in the run folder (ranks/outbox.py)",
+                 "TORCHELASTIC_SIGNALS_TO_HANDLE": "the agent's own setting (torchrun's run.py), inherited"}
+ENV_DUMP = """import json, os
+with open(os.path.join({out!r}, "env" + os.environ["RANK"] + ".json"), "w") as fh:
+    json.dump(dict(os.environ), fh)
+"""
+
+
+def _own_env(rank: int, world_size: int) -> dict:
+    return dict(os.environ)
+
+
+@pytest.mark.slow
+def test_a_launched_rank_sees_torchruns_variables_with_torchruns_values(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "dump.py").write_text(ENV_DUMP.format(out=str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # as a fresh shell has it
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    str(tmp_path / "dump.py")], check=True, capture_output=True, env=env, timeout=120)
+    before = dict(os.environ)
+    try:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        launched = launch(_own_env, 2, init_group=False, threads_per_rank=1)
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    for rank in range(2):
+        torchrun = json.loads((tmp_path / f"env{rank}.json").read_text())
+        added = {k: v for k, v in torchrun.items() if before.get(k) != v}  # what the agent set for the worker
+        assert added, "the torchrun worker saw nothing of the agent's"
+        for key, value in sorted(added.items()):
+            if key in TORCHRUN_ONLY:
+                continue
+            assert key in launched[rank], f"rank {rank}: launch() doesn't set {key} (torchrun: {value!r})"
+            if key not in PER_JOB:
+                assert launched[rank][key] == value, f"rank {rank}: {key} is {launched[rank][key]!r}, " \
+                                                     f"torchrun sets {value!r}"
+        assert {"RANK", "ROLE_RANK", "LOCAL_RANK", "GROUP_RANK", "OMP_NUM_THREADS"} <= set(added)
+
+
 # -------------------------------------------------------------- no rank leaves init before its peers have a group
 SLOW_GROUP_S = 1.0  # rank 1 finishes building its process group this much later than rank 0
 

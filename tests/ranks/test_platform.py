@@ -17,7 +17,7 @@ from ddp_helpers import TrainConfig
 from ddp_helpers.engine import faults
 from ddp_helpers.ranks.launcher import check_start_method, resolve_start_method
 from ddp_helpers.engine.runner import ProgressBar
-from ddp_helpers.engine.telemetry import TelemetryBuffers
+from ddp_helpers.engine.telemetry import RunRows, TableShape, create_rank_tables
 
 from _procs import survivors_of_killed
 
@@ -61,20 +61,22 @@ def test_kill_fault_without_sigkill_uses_sigterm(monkeypatch):
     assert sent == [signal.SIGTERM]
 
 
-def test_progress_bar_counts_from_the_first_step():
-    buf = TelemetryBuffers(world_size=2, max_steps=10, samples_per_step=1, n_capture=0, n_params=1)
-    bar = ProgressBar(buf, 10, True, "2 ranks")
+def test_progress_bar_counts_from_the_first_step(tmp_path):
+    rows = RunRows(str(tmp_path), 2)
+    bar = ProgressBar(rows, 10, True, "2 ranks")
     try:
-        bar()
+        bar()  # no rank has made its rows file yet
         assert bar.bar.desc.startswith("starting 2 ranks") and bar.bar.n == 0
-        buf.count[0] = 1  # rank 0 finished its first step, rank 1 not yet
+        counts = [create_rank_tables(str(tmp_path), r, TableShape(10, 1, 0, 1))["count"] for r in range(2)]
+        counts[0][0] = 1  # rank 0 finished its first step, rank 1 not yet
         bar()
         assert bar.bar.desc.startswith("training 2 ranks") and bar.bar.n == 0
-        buf.count[:] = 4
+        counts[0][0] = counts[1][0] = 4
         bar()
         assert bar.bar.n == 4
     finally:
         bar.close()
+        rows.close()
 
 
 PARENT = textwrap.dedent("""

@@ -45,7 +45,7 @@ def test_a_signal_to_the_parent_stops_the_ranks_and_removes_the_log_folder(tmp_p
                               text=True, cwd=ROOT, env=_env(tmp_path), preexec_fn=default_signals)
     assert parent.stdout.readline().strip() == "training"
     deadline = time.monotonic() + 60
-    while not glob.glob(str(tmp_path / (C.LOG_DIR_PREFIX + "*"))) and time.monotonic() < deadline:
+    while not glob.glob(str(tmp_path / (C.RUN_DIR_PREFIX + "*"))) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(4.0)  # the ranks are in the training loop by now
     family = psutil.Process(parent.pid).children(recursive=True)
@@ -55,7 +55,7 @@ def test_a_signal_to_the_parent_stops_the_ranks_and_removes_the_log_folder(tmp_p
     names = describe_and_kill(alive)
     assert parent.returncode == -sig, stderr[-2000:]  # it ended as the signal would have ended it
     assert not alive, f"{len(alive)} process(es) outlived the parent: {names}"
-    assert glob.glob(str(tmp_path / (C.LOG_DIR_PREFIX + "*"))) == [], "the run's log folder was left behind"
+    assert glob.glob(str(tmp_path / (C.RUN_DIR_PREFIX + "*"))) == [], "the run's log folder was left behind"
     assert "leaked semaphore" not in stderr
 
 
@@ -68,15 +68,15 @@ def test_log_folders_of_dead_owners_are_removed_at_the_next_launch(tmp_path, mon
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(dead.pid).create_time()
     dead.wait()
-    folders = {name: tmp_path / (C.LOG_DIR_PREFIX + name) for name in ("dead", "mine", "reused", "foreign")}
+    folders = {name: tmp_path / (C.RUN_DIR_PREFIX + name) for name in ("dead", "mine", "reused", "foreign")}
     for folder in folders.values():
         folder.mkdir()
     (folders["dead"] / "owner").write_text(f"{dead.pid} {started}")
     (folders["mine"] / "owner").write_text(f"{os.getpid()} {psutil.Process().create_time()}")
     (folders["reused"] / "owner").write_text(f"{os.getpid()} {psutil.Process().create_time() - 100}")
     assert launch(_hello, 2) == [0, 1]
-    assert sorted(p.name for p in tmp_path.glob(C.LOG_DIR_PREFIX + "*")) == sorted(
-        C.LOG_DIR_PREFIX + n for n in ("mine", "foreign"))  # a folder without an owner file is not ours
+    assert sorted(p.name for p in tmp_path.glob(C.RUN_DIR_PREFIX + "*")) == sorted(
+        C.RUN_DIR_PREFIX + n for n in ("mine", "foreign"))  # a folder without an owner file is not ours
 
 
 # ------------------------------------------------------------------------------------------ torchrun resumes

@@ -121,7 +121,7 @@ def test_sigterm_to_a_jupyter_kernel_mid_run_ends_the_kernel_and_its_ranks(tmp_p
         kernel = psutil.Process(km.provisioner.process.pid)
         kc.execute(KERNEL_CELL)
         deadline = time.monotonic() + 90
-        while not glob.glob(str(tmp_path / (C.LOG_DIR_PREFIX + "*", )[0])) and time.monotonic() < deadline:
+        while not glob.glob(str(tmp_path / (C.RUN_DIR_PREFIX + "*", )[0])) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3.0)  # training by now
         family = kernel.children(recursive=True)
@@ -183,7 +183,7 @@ def test_what_a_hard_killed_launch_left_is_gone_after_the_next_launch(tmp_path):
     describe_and_kill(outliving(family, timeout=5.0))
     assert not (tmp_path / "semaphores.txt").exists(), "the launch made named semaphores (SIGKILL leaves them)"
     left = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*")))
-    assert any(n.startswith(C.MP_DIR_PREFIX) for n in left) and any(n.startswith(C.LOG_DIR_PREFIX) for n in left)
+    assert any(n.startswith(C.MP_DIR_PREFIX) for n in left) and any(n.startswith(C.RUN_DIR_PREFIX) for n in left)
     assert not [n for n in left if n.startswith("pymp-")], left  # multiprocessing's own folder: nothing knows it
     after = subprocess.run([sys.executable, "-c", "from ddp_helpers import launch\n"
                             "def f(r, w): return r\n"

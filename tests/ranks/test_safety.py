@@ -17,7 +17,7 @@ import torch
 
 from ddp_helpers import ConfigError, LaunchError, RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers.ranks import launcher as L
-from ddp_helpers.engine.config import free_port
+from ddp_helpers.ranks.placement import free_port
 from ddp_helpers.engine.faults import InjectedFault
 
 from _procs import default_signals, describe_and_kill, outliving, running
@@ -142,7 +142,7 @@ def test_too_many_nccl_ranks_refused(monkeypatch):
 
 
 def test_auto_backend_picks_gloo_without_enough_gpus(monkeypatch):
-    from ddp_helpers.engine.config import resolve_backend
+    from ddp_helpers.ranks.placement import resolve_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -1,17 +1,17 @@
-"""The command line's output folder: room for what a run will write, checked before it trains, and a run's
-result kept somewhere else when writing it still fails (a disk that filled up during training)."""
+"""What the command line writes: its lines on stderr, and its output folder (room for what a run will write,
+checked before it trains; result.json and the plots; a run's result kept somewhere else when writing it still
+fails, e.g. a disk that filled up during training)."""
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from .engine.config import TrainConfig, check_types
-from .engine.steps import steps_per_epoch  # the same step count the run's plan will use
-
-# Training images per data set, at most (mnist falls back to 4,000 at the default folder): bounds the steps.
-MAX_TRAIN = {"mnist": 60000, "fashion-mnist": 60000, "mnist-5k": 4000}
+from ..common.files import atomic_write
+from ..data.catalog import MAX_TRAIN, steps_per_epoch  # the same step count the run's plan will use
+from ..engine.config import TrainConfig, check_types
 PLOT_NAMES = ("loss.png", "grad_norms.png", "fingerprints.png")
 # The listing's model, Flatten -> Linear(784, 10): weights and biases. A count, not the model, so that --out is
 # sized before torch is imported (test_outputs checks it against engine.model.build_model).
@@ -91,3 +91,35 @@ def failure_message(result, out: str, written: List[str], failed: str, err: OSEr
     kept, why = keep_result(result, name)
     where = f"the run's {name} is kept at {kept}" if kept else f"it could not be kept elsewhere either ({why})"
     return f"can't write {failed} ({reason}): {where}; {fix}"
+
+
+def say(line: str) -> None:
+    """Write one line to stderr in one write: print's text and newline are two, and under torchrun (python -u)
+    another process's log line written to the same terminal or pipe can land between them."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def write_outputs(result: Any, out: str, plots: bool = True) -> List[str]:
+    """Save result.json and the plots; return the paths written.
+
+    Raises OutputError (one line) if a file can't be written, saying where the result is: in out, or, where
+    result.json itself failed, in a new folder of the temp dir.
+    """
+    paths: List[str] = []
+    path = os.path.join(out, "result.json")
+    try:
+        os.makedirs(out, exist_ok=True)
+        paths.append(result.save(path))
+        if plots:
+            from ..lesson import plots as P
+
+            for name, draw in (("loss.png", lambda: P.plot_losses(result, smooth=10)),
+                               ("grad_norms.png", lambda: P.plot_grad_norms(result)),
+                               ("fingerprints.png", lambda: P.plot_fingerprints(result))):
+                path, fig = os.path.join(out, name), draw()
+                # the figures are drawn for >= 150 dpi; atomically, so a full disk leaves no broken PNG
+                paths.append(atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=150, format="png")))
+    except OSError as e:  # a full disk, a folder removed or made read-only during training (PIL's too)
+        raise OutputError(failure_message(result, out, paths, path, e)) from None
+    return paths

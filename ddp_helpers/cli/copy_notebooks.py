@@ -1,4 +1,4 @@
-"""Command line: `ddp-helpers-notebooks DEST` (or `python -m ddp_helpers.copy_notebooks DEST`) copies the
+"""Command line: `ddp-helpers-notebooks DEST` (or `python -m ddp_helpers.cli.copy_notebooks DEST`) copies the
 tutorial's notebooks, the classroom exercises and the example scripts notebook 4 reads (into DEST/examples/)
 into DEST, to open with `jupyter lab DEST`.
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .shipped import examples_source, list_examples, list_notebooks, notebook_source
+from ..common.shipped import examples_source, list_examples, list_notebooks, notebook_source
 
 
 def shipped_files() -> Dict[str, Path]:

@@ -1,7 +1,8 @@
 """What the command line says: settings named by their flags (`--resume-from PATH`), not as TrainConfig fields.
 
 The checks in engine/ and data/ speak Python (`TrainConfig.resume_from=None`), which is right in a notebook;
-train.py passes each of their messages through as_flags() once, so a terminal user reads the flag to change.
+cli/train.py passes each of their messages through as_flags() once, so a terminal user reads the flag to change.
+The names come from TrainConfig's table (engine/config.py), as the flags themselves do.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import shlex
 import typing
 from typing import Any, Dict
 
-from .engine.config import TrainConfig
+from ..engine.config import TrainConfig
 
 _VALUE = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|[\w.+-]+"  # a repr: quoted, a tuple, a word or number
 

@@ -1,0 +1,109 @@
+"""Small file helpers: writing a file atomically, and checking a folder or a file before a run needs it."""
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import shutil
+import tempfile
+from typing import Callable, Optional
+
+from .errors import ConfigError
+
+
+def atomic_write(path: str, write: Callable[[str], None]) -> str:
+    """Call write(tmp_path), then rename the file to path: readers see the old file or the complete new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)  # atomic on POSIX and Windows (same folder, same filesystem)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)  # a failed write (a full disk, an interrupt) leaves no half-written file behind
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"no space left on the device to write {path} "
+                                        f"({free_text(path)}); free some space or write to another folder") from e
+        raise
+    return path
+
+
+def free_text(path: str) -> str:
+    """'N bytes free' on the file system holding path (or its folder), or 'unknown'."""
+    try:
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        return f"{shutil.disk_usage(folder).free:,} bytes free"
+    except OSError:
+        return "free space unknown"
+
+
+def probe_output_dir(setting: str, path: str) -> str:
+    """Create folder `path` (if needed) and write a probe file in it, so a bad output folder is refused before
+    training rather than after; returns the folder. Raises ValueError naming `setting`."""
+    folder = os.path.expanduser(os.fspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{setting} {path!r} is an existing file, not a folder; choose a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{setting} {path!r} can't be written ({e.strerror or e}); choose a folder this user "
+                         "can write") from None
+    return folder
+
+
+def nearest_existing(path: str) -> str:
+    """path itself if it exists, else its nearest existing parent folder."""
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe.rstrip(os.sep)) or "."
+        if parent == probe:
+            break
+        probe = parent
+    return probe
+
+
+def check_writable_dir(setting: str, path: str) -> None:
+    """Refuse a folder path whose nearest existing folder this user can't write (ConfigError naming `setting`,
+    e.g. "TrainConfig.checkpoint_dir")."""
+    path = os.path.expanduser(path)
+    probe = nearest_existing(path)
+    if os.path.exists(probe) and not os.path.isdir(probe):  # a file in the way: "not writable" would mislead
+        raise ConfigError(f"{setting}={path!r} is not accepted: a directory this user can write ({probe!r} is a "
+                          "file, not a folder); choose another path")
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{setting}={path!r} is not accepted: a directory this user can write ({probe!r} is not "
+                          "writable); choose another path")
+
+
+def check_readable_file(setting: str, value: str, what: str, pattern: Optional[str] = None, fix: str = "",
+                        kind: str = "file", empty: str = "") -> None:
+    """Refuse a path that is not a file this user can read (ConfigError naming `setting` and `value`).
+
+    what: the file expected ("an existing checkpoint file (ckpt-*.pt written by a run)"), kind: its short name
+    ("checkpoint file"); pattern: for a folder given instead, the files in it to suggest (the last in name order);
+    fix: a last way out, e.g. ", or set ..."; empty: what to give instead when the folder holds none.
+    Standard library only: the command line checks it before torch loads.
+    """
+    path = os.path.expanduser(str(value))
+    head = f"{setting}={value!r} is not accepted"
+    if os.path.isdir(path):
+        found = sorted(glob.glob(os.path.join(glob.escape(path), pattern))) if pattern else []
+        pick = f"give one of its {pattern} files, e.g. the latest {found[-1]!r}" if found else \
+            f"it holds no {pattern or 'such file'}: give {empty or what}"
+        raise ConfigError(f"{head}: it is a directory, not a {kind}; {pick}")
+    try:
+        os.stat(path)
+        why = None if os.path.isfile(path) else "is not a regular file"
+    except FileNotFoundError:
+        why = "doesn't exist"
+    except OSError as e:  # e.g. a folder on the way this user can't enter: not "missing"
+        why = f"can't be reached ({e.strerror or e})"
+    if why:
+        raise ConfigError(f"{head}: {what}; {path!r} {why}")
+    try:
+        with open(path, "rb"):  # opened here, not by the reader: an unreadable file is named as one
+            pass
+    except OSError as e:
+        raise ConfigError(f"{head}: this user can't read the file ({e.strerror or e}); make it readable for this "
+                          f"user (chmod a+r {path}), run as its owner{fix}") from None
