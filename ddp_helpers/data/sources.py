@@ -13,6 +13,7 @@ import torch
 
 from ..common.errors import ConfigError
 from ..common.files import atomic_write, check_writable_dir
+from ..common.shared import unguard_all
 from .catalog import DEFAULT_DATA_ROOT, MNIST5K_TEST
 from .splits import DataError, DataSplits
 
@@ -102,11 +103,21 @@ def check_data_root(dataset: str, data_root: str) -> None:
 
 def clear_cache() -> None:
     """Forget the data sets decoded so far in this process (the next load_data reads the files again)."""
-    _load_cached.cache_clear()
+    _decode_cached.cache_clear()
+    unguard_all()
+
+
+def _load_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
+    """The decoded data set, from this process's cache, its tensors in shared memory and guarded: ranks map
+    them, and a launch names any a rank changed (ranks/shared_watch.py)."""
+    splits = _decode_cached(dataset, root, may_fall_back)
+    if splits._guard is None:
+        splits.guard(f"load_data({dataset!r})", clear_cache)
+    return splits
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
+def _decode_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
     if dataset == "mnist-5k":
         return load_mnist5k().share_memory_()
     if dataset == "fashion-mnist":

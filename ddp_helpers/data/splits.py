@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
+
+from ..common.shared import guard
 
 
 
@@ -24,6 +26,7 @@ class DataSplits:
     test_labels: torch.Tensor
     notice: Optional[str] = None  # one-line fallback notice, if the requested data set was replaced
     _train_float: Optional[torch.Tensor] = None
+    _guard: Optional[Tuple[str, Callable[[], None]]] = None  # (name, forget) once the data cache holds these
 
     def train_normalized(self) -> torch.Tensor:
         """Training images as normalized float32 in shared memory: computed once, then mapped by every rank.
@@ -33,7 +36,16 @@ class DataSplits:
         """
         if self._train_float is None:
             self._train_float = normalize(self.train_images).share_memory_()
+            if self._guard is not None:
+                guard(self._train_float.untyped_storage().data_ptr(), f"{self._guard[0]}.train_normalized()",
+                      self._guard[1])
         return self._train_float
+
+    def guard(self, name: str, forget: Callable[[], None]) -> None:
+        """Register these shared tensors as read-only for ranks, named `name`.<field> (common/shared.py)."""
+        self._guard = (name, forget)
+        for field in ("train_images", "train_labels", "test_images", "test_labels"):
+            guard(getattr(self, field).untyped_storage().data_ptr(), f"{name}.{field}", forget)
 
     def share_memory_(self) -> "DataSplits":
         """Move the tensors to shared memory so ranks read them without copies."""

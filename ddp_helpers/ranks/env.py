@@ -68,6 +68,7 @@ class RankSpec:
     """What launch() tells every rank besides its function (stdlib only: a spawned rank unpickles it before its
     parent watch runs, so importing torch here would leave a rank alive seconds after a killed parent)."""
 
+    environ: Dict[str, str]  # the launcher's environment when it launched (the ranks start from it)
     env: Dict[str, str]  # torchrun's variables shared by every rank (rank_env adds each rank's own)
     run_dir: str  # where each rank leaves its log, its report and its rows (ranks/outbox.py)
     backend: str

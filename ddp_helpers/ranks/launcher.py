@@ -7,18 +7,18 @@ import os
 import pickle
 import sys
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..common.errors import ConfigError
 from .boot import rank_main
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
+from .ending import GRACE_S, LAUNCH_MARK, end_launch, stop_processes
 from .env import RankSpec, launched_env
 from .outbox import read_reports
-from .payload import Deferred
-from .placement import check_address, check_binding, default_threads, resolve_backend
-from .procs import kill_group
+from .payload import Deferred, tensors_in
+from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
 from .report import RankFailedError, diagnose, raised_in_collective
+from .shared_watch import SharedWatch
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .store import bind_listener, serve_store
 
@@ -28,15 +28,28 @@ if TYPE_CHECKING:
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
 # module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
 
-__all__ = ["LaunchError", "RankFailedError", "check_launch", "check_start_method", "launch", "raised_in_collective"]
+__all__ = ["GRACE_S", "LaunchError", "LaunchInterrupted", "RankFailedError", "check_launch", "check_start_method",
+           "launch", "raised_in_collective", "stop_processes"]
 
-GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 SERVER_EXIT_S = 2.0  # a killed forkserver has this long to be seen dead (a zombie or gone)
 SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
 
 
 class LaunchError(RuntimeError):
     """The ranks could not be started as asked (raised before any process starts)."""
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (the notebook's stop button) ended a launch: every rank has ended. In a notebook it shows as one
+    short message, not as a traceback through the package (IPython honours _render_traceback_)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+        self.partial_result: Any = None  # run_training fills in the steps recorded before the interrupt
+
+    def _render_traceback_(self) -> List[str]:
+        return [f"KeyboardInterrupt: {self.what}"]
 
 
 def check_start_method(start_method: str) -> str:
@@ -73,10 +86,11 @@ def _check_main_module(method: str) -> None:
                           "re-imports the main program from its file. Save the code to a file and run that")
 
 
-def check_launch(world_size: int, backend: str, host: str, port: int) -> str:
+def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s: float = 60.0) -> str:
     """Everything that can be refused before a process starts (but the start method); returns the backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
+    check_timeout(timeout_s, "launch(timeout_s={})")
     backend = resolve_backend(backend, world_size)
     check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
     return backend
@@ -93,58 +107,98 @@ def _check_binding(world_size: int, threads: int, backend: str, bind_cores: Opti
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
            on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
-           bind_cores: Optional[bool] = None, init_group: bool = True, run_dir: Optional[str] = None) -> List[Any]:
+           bind_cores: Optional[bool] = None, init_group: bool = True, run_dir: Optional[str] = None,
+           watch_shared: bool = True) -> List[Any]:
     """Run fn(rank, world_size, *args) on world_size processes in one process group; return each rank's value.
 
     Every rank sees torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT): with init_group=False, fn can call dist.init_process_group("gloo") with no arguments, as a
-    torchrun script does. The rendezvous store listens on `host` only (loopback by default: private).
+    MASTER_PORT ...) and this process's environment as it is now. The ranks meet through a store in the launch's
+    private folder (only this user can open it); with init_group=False, fn can call
+    dist.init_process_group("gloo") with no arguments, as a torchrun script does: it then joins a TCP store the
+    launch serves on `host` (loopback by default), which, like torchrun's, any user of this machine can reach.
     start_method="auto" (the default) forks the ranks from a server that has torch imported already (forkserver,
     Linux and macOS) and uses spawn elsewhere; "spawn" and "fork" are there too. fn may be defined in a notebook
     cell: it is sent by value (cloudpickle) when it can't be imported by name; NumPy arrays over 16 MiB that it
-    or args hold reach the ranks through shared memory, read-only.
+    or args hold reach the ranks through shared memory, read-only; the data cache's tensors reach them shared,
+    and a rank that changes one is named after the launch (watch_shared; ranks/shared_watch.py).
     A rank that fails, or ends without returning, ends all of them and raises RankFailedError; Ctrl-C ends them
-    all and re-raises; nothing a rank started outlives the call.
+    all and raises LaunchInterrupted (a KeyboardInterrupt); nothing a rank started outlives the call.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
     run_dir: the run folder each rank leaves its log, report and rows in (ranks/outbox.py); by default a new
     one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
     read and remove.
     """
     method = check_start_method(start_method)
-    backend = check_launch(world_size, backend, host, port)
+    backend = check_launch(world_size, backend, host, port, timeout_s)
     threads = threads_per_rank or default_threads(world_size)
     if init_group:
         _check_binding(world_size, threads, backend, bind_cores)
+    watch = SharedWatch(_sendable(fn, args, method)) if watch_shared else None  # said now, before any starts
     own_dir = run_dir is None
     run_dir = new_run_dir() if own_dir else run_dir
+    mark = os.path.basename(run_dir.rstrip(os.sep))
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
-    listener = store = None
     with EndOnSignals():
         try:
-            listener = _listen(host, port)  # before the ranks start: its port is part of their environment
-            env = launched_env(world_size, host, listener.getsockname()[1], f"ddp_helpers-{uuid.uuid4().hex[:8]}",
-                               threads)
-            spec = RankSpec(env, run_dir, backend, timeout_s, threads, bind_cores, init_group)
-            context = _start_ranks(method, world_size, spec, Deferred((fn, args)), procs)
-            # The store's server starts only now, after the ranks exist: a forked child must not inherit its
-            # thread (it could hold a lock at the moment of the fork, and the child would hang in the rendezvous).
-            store = serve_store(listener, host, world_size, timeout_s)
-            outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s)
-        except BaseException:
-            _end_launch(procs, run_dir if own_dir else None, wait_s=0.0)  # KeyboardInterrupt too: nothing outlives it
-            raise
-        else:
-            _end_launch(procs, run_dir if own_dir else None, wait_s=10.0)  # every rank reported: they are exiting now
-            return outputs
+            return _launch(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
+                           run_dir, mark, Deferred((fn, args)), procs, on_poll, poll_s)
         finally:
-            store = None  # noqa: F841 - frees the port for the next run
-            if listener is not None:
-                listener.close()
+            if own_dir:
+                remove_run_dir(run_dir)
+            if watch is not None:
+                watch.check()
 
 
-def _listen(host: str, port: int):
+def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
+    """The tensors fn and args hold; a LaunchError now, before any rank starts, if they can't travel to the ranks
+    (under fork nothing travels: a forked rank has them already)."""
     try:
-        return bind_listener(host, port)
+        return tensors_in((fn, args))
+    except Exception as e:  # noqa: BLE001 - pickle fails with TypeError, PicklingError, AttributeError...
+        if method == "fork":
+            return []
+        raise LaunchError(f"launch() can't send the function or its arguments to the ranks ({type(e).__name__}: "
+                          f"{e}). Each rank is a new process that receives them pickled: a global the function "
+                          "uses, or an argument, holds something that can't be (an open file, a lock, a socket, a "
+                          "generator, a model on a GPU...); make it inside the function instead, or pass what it is "
+                          "made from") from None
+
+
+def _launch(method: str, world_size: int, backend: str, host: str, port: int, timeout_s: float, threads: int,
+            bind_cores: Optional[bool], init_group: bool, run_dir: str, mark: str, payload: Deferred,
+            procs: List[Any], on_poll: Optional[Callable[[], None]], poll_s: float) -> List[Any]:
+    """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
+    listener = store = None
+    try:
+        # Bound before the ranks start (its port is part of their environment); it listens, with a TCP store
+        # behind it, only for a function that joins through env:// itself (init_group=False).
+        listener = _listen(host, port, listen=not init_group)
+        env = {**launched_env(world_size, host, listener.getsockname()[1], f"ddp_helpers-{mark}", threads),
+               LAUNCH_MARK: mark}
+        spec = RankSpec(dict(os.environ), env, run_dir, backend, timeout_s, threads, bind_cores, init_group)
+        context = _start_ranks(method, world_size, spec, payload, procs)
+        if not init_group:
+            # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
+            # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
+            store = serve_store(listener, host, world_size, timeout_s)
+        outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s)
+    except KeyboardInterrupt:
+        end_launch(procs, mark, wait_s=0.0)
+        raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
+    except BaseException:
+        end_launch(procs, mark, wait_s=0.0)  # nothing outlives the call
+        raise
+    finally:
+        store = None  # noqa: F841 - frees the port for the next run
+        if listener is not None:
+            listener.close()
+    end_launch(procs, mark, wait_s=10.0)  # every rank reported: they are exiting now
+    return outputs
+
+
+def _listen(host: str, port: int, listen: bool):
+    try:
+        return bind_listener(host, port, listen)
     except OSError as e:  # taken between check_launch and now
         raise LaunchError(f"launch(port={port}) can't listen on {host}: {e}; use port=0 (a free port)") from None
 
@@ -238,36 +292,3 @@ def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[i
         if time.monotonic() > deadline:
             return False  # the server lives: a rank's own exit code 255
         time.sleep(0.02)
-
-
-def _end_launch(procs: List[Any], run_dir: Optional[str], wait_s: float) -> None:
-    """Reap or stop every rank, end what they started, remove the run folder if it is the launch's own: nothing
-    of the launch outlives it."""
-    try:
-        _join_all(procs, wait_s)  # a rank that reported its value exits at once; one that doesn't ...
-        stop_processes(procs)  # ... is ended here
-        for p in procs:
-            if p.pid is not None:
-                kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
-    finally:
-        if run_dir is not None:
-            remove_run_dir(run_dir)
-
-
-def _join_all(procs: List[Any], timeout_s: float) -> None:
-    """Join every process within one shared timeout."""
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-
-
-def stop_processes(procs: List[Any], grace_s: float = GRACE_S) -> None:
-    """SIGTERM every live process, SIGKILL those still alive after grace_s, then reap them all."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    _join_all(procs, grace_s)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join()

@@ -17,9 +17,6 @@ from typing import Any, Dict
 
 from ..common.files import atomic_write
 
-LOG_TAIL_BYTES = 4096  # what an error shows of a rank's log: its last lines, read from the end of the file
-
-
 def report_path(run_dir: str, rank: int) -> str:
     """Where rank `rank` leaves its outcome."""
     return os.path.join(run_dir, f"report{rank}.pkl")
@@ -56,12 +53,7 @@ def read_reports(run_dir: str, world_size: int) -> Dict[int, Any]:
 
 
 def log_tail(run_dir: str, rank: int, n: int = 2000) -> str:
-    """The last n characters of a launched rank's log, read from the file's end (a log can be huge)."""
-    try:
-        with open(log_path(run_dir, rank), "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max(n * 4, LOG_TAIL_BYTES)))  # utf-8: at most 4 bytes a character
-            return fh.read().decode("utf-8", errors="replace")[-n:]
-    except OSError:
-        return ""
+    """The last n characters of a launched rank's log, read from the file's end (a log can be large)."""
+    from .ranklog import read_tail
+
+    return read_tail(log_path(run_dir, rank), n)

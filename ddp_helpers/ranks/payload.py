@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 SHARE_ARRAYS_FROM = 16 * 2**20  # NumPy arrays this large travel through shared memory, not one copy per rank
 
@@ -31,6 +31,24 @@ def _reducer(shared: Dict[int, Any]):
             return _readonly_array, (shared[id(array)][1],)
         return array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     return reduce
+
+
+def tensors_in(obj: Any) -> List[Any]:
+    """Every torch tensor obj holds, found by pickling it to nowhere as dumps would (closures and globals of cell
+    functions too), the tensors themselves left out; raises what pickling obj would raise."""
+    import cloudpickle
+
+    found: List[Any] = []
+
+    class Finder(cloudpickle.Pickler):
+        def reducer_override(self, o: Any) -> Any:
+            if type(o).__module__.startswith("torch") and type(o).__name__ in ("Tensor", "Parameter"):
+                found.append(o)
+                return int, ()  # not its bytes: only where it is
+            return super().reducer_override(o)
+
+    Finder(io.BytesIO(), protocol=5, buffer_callback=lambda _: None).dump(obj)  # arrays out of band: not copied
+    return found
 
 
 def dumps(obj: Any, shared: Optional[Dict[int, Any]] = None) -> bytes:

@@ -3,6 +3,7 @@ threads per rank and core binding. Probes of this machine (its network, GPUs and
 about GPUs."""
 from __future__ import annotations
 
+import math
 import os
 import socket
 from typing import Any, Optional
@@ -42,14 +43,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+WILDCARDS = ("0.0.0.0", "::", "")  # "every interface": a store there is reachable from the whole network
+
+
 def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_addr={}",
                   port_setting: str = "TrainConfig.master_port={}") -> None:
-    """Refuse a host that doesn't resolve, or an explicit port already in use (named as the caller spells them)."""
+    """Refuse a host that doesn't resolve, is a wildcard or isn't this machine's (the launch serves the store
+    there itself), or an explicit port already in use; named as the caller spells them."""
+    if host in WILDCARDS:
+        raise _bad(host_setting, host, "an address of this machine that the ranks reach, such as '127.0.0.1' (a "
+                                       "wildcard address would listen on every interface, open to the network)")
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET)
     except (socket.gaierror, UnicodeError) as e:
         raise _bad(host_setting, host, f"a resolvable host such as '127.0.0.1' ({e})") from None
     addr = infos[0][4][0]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, 0))
+        except OSError as e:
+            raise _bad(host_setting, host, f"an address of this machine ({addr} is not: {e.strerror}); the launch "
+                                           "serves the rendezvous itself, so it listens here: use '127.0.0.1' for "
+                                           "one machine (several machines start with torchrun)") from None
     if port == 0:
         return
     fix = port_setting.rsplit(".", 1)[-1].format(0)  # "master_port=0" or "launch(port=0)"
@@ -61,6 +76,14 @@ def check_address(host: str, port: int, host_setting: str = "TrainConfig.master_
         except OSError as e:
             raise _bad(port_setting, port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use {fix} "
                                            "to let the OS choose one") from None
+
+
+def check_timeout(timeout_s: float, setting: str = "TrainConfig.timeout_s={}") -> None:
+    """Refuse a collective timeout that is not a finite number of seconds from 1 to a day."""
+    ok = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and math.isfinite(timeout_s)
+    if not ok or not 1 <= timeout_s <= 86400:
+        raise _bad(setting, timeout_s, "seconds, a number from 1 to 86400 (e.g. 60): how long a collective waits "
+                                       "for a peer before it fails")
 
 
 def default_threads(world_size: int) -> int:

@@ -19,14 +19,17 @@ import torch.distributed as dist
 from .env import RankEnv, RankSpec, rank_env
 from .outbox import log_path, write_report
 from .procs import bind_this_thread, binding_plan, kill_descendants
+from .ranklog import capture_output
 from .report import error_report, value_report
 
 
 SETUP_GRACE_S = 5.0  # past timeout_s, before a rank stuck in set-up gives up on its own
 
 
-def init_group_from_env(backend: str, timeout_s: float, env: RankEnv) -> None:
-    """init_process_group from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under torchrun (env://).
+def init_group_from_env(backend: str, timeout_s: float, env: RankEnv, store_path: Optional[str] = None) -> None:
+    """init_process_group from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under torchrun (env://); with
+    store_path, the ranks meet through a FileStore there instead (launch()'s private run folder: no socket
+    listens, and only this user can open it; a TCP store on loopback is open to every user of the machine).
 
     gloo without GLOO_SOCKET_IFNAME listens on the address this machine's hostname resolves to, often 127.0.0.1
     (an /etc/hosts line), which peers on other machines can't reach: the interface that routes to MASTER_ADDR is
@@ -36,7 +39,7 @@ def init_group_from_env(backend: str, timeout_s: float, env: RankEnv) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = interface_towards(env.master_addr, env.master_port)
     timeout = datetime.timedelta(seconds=timeout_s)
     with _SetupDeadline(timeout_s + SETUP_GRACE_S, env, backend):
-        store = attempt_store(env, timeout)
+        store = dist.FileStore(store_path, env.world_size) if store_path else attempt_store(env, timeout)
         where = {} if store is None else {"store": store, "rank": env.rank, "world_size": env.world_size}
         dist.init_process_group(backend, timeout=timeout, **where)
 
@@ -99,8 +102,9 @@ def interface_towards(host: str, port: int) -> str:
 
 
 def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads: int,
-             bind_cores: Optional[bool] = None, init_group: bool = True) -> Any:
-    """fn(rank, world_size, *args) in this process, inside the job's process group unless init_group=False."""
+             bind_cores: Optional[bool] = None, init_group: bool = True, store_path: Optional[str] = None) -> Any:
+    """fn(rank, world_size, *args) in this process, inside the job's process group unless init_group=False
+    (store_path: where the ranks meet, see init_group_from_env)."""
     env = RankEnv.from_environ()
     # init_process_group returns on a rank once its own connections are made (torch adds no barrier unless
     # TORCH_DIST_INIT_BARRIER=1: distributed_c10d._store_based_barrier). A rank whose fn then returns at once
@@ -112,7 +116,7 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     if not init_group:
         return fn(env.rank, env.world_size, *args)
-    init_group_from_env(backend, timeout_s, env)
+    init_group_from_env(backend, timeout_s, env, store_path)
     try:
         plan = binding_plan(env.local_world_size, threads, backend, bind_cores)
         if plan is not None:
@@ -123,34 +127,28 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
             bind_this_thread(plan[env.local_rank])
         return fn(env.rank, env.world_size, *args)
     finally:
-        dist.destroy_process_group()
-
-
-def _quiet_child(log_path: str) -> None:
-    """Send this process's stdout/stderr (Python and C++ alike) to a log file: children never print in cells."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+        if dist.is_initialized():  # a torchrun script's fn may end with its own destroy_process_group()
+            dist.destroy_process_group()
 
 
 def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
     """What each launched child runs (after boot.rank_main): the rank, then its report, then exit."""
-    _quiet_child(log_path(spec.run_dir, rank))
+    capture_output(log_path(spec.run_dir, rank))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
-    os.environ.update(spec.env, **rank_env(rank))
+    # The launcher's environment as it is now (a forkserver's ranks would otherwise see the server's, from its
+    # start: a variable set in the notebook after warm_up() never reached them), then torchrun's variables.
+    os.environ.clear()
+    os.environ.update(spec.environ, **spec.env, **rank_env(rank))
     code = 0
     try:
         fn, fn_args = payload.get()
-        out = run_rank(fn, fn_args, spec.backend, spec.timeout_s, spec.threads, spec.bind_cores, spec.init_group)
-        write_report(spec.run_dir, rank, value_report(out))
+        store = os.path.join(spec.run_dir, "store") if spec.init_group else None
+        out = run_rank(fn, fn_args, spec.backend, spec.timeout_s, spec.threads, spec.bind_cores, spec.init_group,
+                       store)
+        report = value_report(out)
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit, to the parent
-        write_report(spec.run_dir, rank, error_report(e))
-        code = 1
+        report, code = error_report(e), 1
+    write_report(spec.run_dir, rank, report)
     sys.stdout.flush()
     sys.stderr.flush()
     kill_descendants()  # nothing this rank started outlives it (a subprocess, a worker that lost its way)

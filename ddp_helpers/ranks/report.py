@@ -64,14 +64,25 @@ class Report:
 
 
 def value_report(value: Any) -> Report:
-    """The report of a rank that returned."""
-    return Report(True, value=pickle.dumps(value))
+    """The report of a rank that returned. By value where pickle can't name a class (a dataclass or namedtuple
+    defined in a notebook cell, as the function itself travelled): cloudpickle. Raises TypeError, saying so, for
+    a value that can't be sent at all."""
+    import cloudpickle
+
+    try:
+        return Report(True, value=cloudpickle.dumps(value))
+    except Exception as e:  # noqa: BLE001 - pickling fails with TypeError, PicklingError, AttributeError...
+        raise TypeError(f"the function returned a {type(value).__name__} that can't be sent back to the launching "
+                        f"process ({type(e).__name__}: {e}); return plain data instead: numbers, strings, lists, "
+                        "dicts, tensors or arrays") from None
 
 
 def error_report(e: BaseException) -> Report:
     """The report of a rank that raised (inside an except block)."""
+    import cloudpickle
+
     try:
-        payload = pickle.dumps(e)
+        payload = cloudpickle.dumps(e)
         pickle.loads(payload)
     except Exception:  # noqa: BLE001 - unpicklable exceptions are sent as text only
         payload = None
@@ -140,9 +151,27 @@ def _exited_silently(rank: int, code: int, run_dir: str, server_died: bool, othe
                                      "script; a script that starts training at import time, or fails to import, ends "
                                      "the rank there (its error is printed above). Put the launch under "
                                      "`if __name__ == \"__main__\":`", others=others)
+    full = _full_temp_dir(run_dir)
+    if full:
+        return RankFailedError(rank, f"exited with code {code} without a report: {full}", others=others,
+                               log_tail=log_tail(run_dir, rank))
     return RankFailedError(rank, f"exited with code {code} without returning a result (os._exit() or a crash "
                                  "in native code ends a process before it can report)",
                            log_tail=log_tail(run_dir, rank), others=others)
+
+
+def _full_temp_dir(run_dir: str) -> str:
+    """Why a rank could not leave its report, if the run folder's file system is full; else ''."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return ""
+    if free >= 2**20:
+        return ""
+    return (f"the temp folder holding the run ({os.path.dirname(run_dir)}) is full ({free:,} bytes free), so the "
+            "rank could not write its report; free space there, or point TMPDIR at a folder with room")
 
 
 def _killed(first: Optional[int], codes: Sequence[Optional[int]], errors: dict) -> Optional[int]:
@@ -153,6 +182,9 @@ def _killed(first: Optional[int], codes: Sequence[Optional[int]], errors: dict) 
     """
     if first is not None and first not in errors and codes[first] is not None and codes[first] < 0:
         return first
+    if any(not rep.in_collective for rep in errors.values()):
+        return None  # a rank raised an error of its own: the others' signals are the launcher ending them
+    # (SIGTERM first; a rank that ignores it gets SIGKILL after the grace period)
     own = [r for r, c in enumerate(codes) if c is not None and c < 0 and c != -signal.SIGTERM and r not in errors]
     return own[0] if own else None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 import threading
 
@@ -33,6 +34,10 @@ def preload() -> None:
     fork, so the server forks its ranks from a single thread. Frozen, the millions of objects torch creates are
     skipped by every forked rank's garbage collections (~0.18 s of each start-up measured here).
     """
+    # The notebook's stop button sends SIGINT to the kernel's whole process group, this server included: while it
+    # preloads that would end it mid-import (a 40-line traceback in the cell, and an EOFError at the next launch).
+    # multiprocessing's own loop ignores SIGINT too, but only once the preloads are done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop = threading.Event()
     watch = threading.Thread(target=_watch, args=(os.getppid(), stop), name="ddp_helpers-server-watch", daemon=True)
     watch.start()

@@ -38,6 +38,17 @@ def prepare_forkserver() -> None:
     ctx.set_forkserver_preload([PRELOAD])
 
 
+def _in_launching_process() -> bool:
+    """False in a rank or in the forkserver: both can run the main script's top level again (a notebook exported
+    with nbconvert --to script calls warm_up() there), and a second server started from inside one breaks it."""
+    import multiprocessing.process
+    import sys
+
+    if multiprocessing.process.parent_process() is not None:
+        return False  # a process multiprocessing started: a rank
+    return not (sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules)  # the server itself
+
+
 def warm_up() -> None:
     """Start the forkserver now (it imports torch in the background), so the first launch is fast too.
 
@@ -47,7 +58,7 @@ def warm_up() -> None:
     with the server's). The server keeps the package as it was imported: after changing ddp_helpers itself,
     restart the kernel (as after any change to an imported module).
     """
-    if resolve_start_method("auto") != "forkserver":
+    if resolve_start_method("auto") != "forkserver" or not _in_launching_process():
         return
     prepare_forkserver()
     import multiprocessing.forkserver

@@ -9,8 +9,9 @@ if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (0 = a free port the OS picks), on that address only.
+def bind_listener(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A socket bound to host:port (0 = a free port the OS picks), on that address only; listening if `listen`
+    (bound alone it holds the port, and a connection to it is refused).
 
     TCPStore(host, port, is_master=True) listens on every interface whatever host says; given a socket bound here
     (master_listen_fd) it serves on this one: a loopback host keeps the store unreachable from other machines.
@@ -20,7 +21,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind(addr)
-        sock.listen(128)
+        if listen:
+            sock.listen(128)
     except OSError:
         sock.close()
         raise
@@ -32,7 +34,6 @@ def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: floa
     import torch.distributed as dist  # here, not at import: launcher imports this module (see there)
 
     port = sock.getsockname()[1]
-    store = dist.TCPStore(host, port, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)
-    sock.detach()  # the store owns the descriptor now, and closes it when it ends
-    return store
+    fd = sock.detach()  # the store owns the descriptor from here on, and closes it when it ends (or fails)
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False, master_listen_fd=fd, use_libuv=True)
