@@ -34,9 +34,7 @@ def estimate_bytes(cfg: TrainConfig) -> Tuple[int, int]:
     of this estimate (0.25 without telemetry), the plots 0.15-0.46 (they grow with the ranks and the steps drawn).
     """
     check_types(cfg)  # a bad batch size is named as such, not met as a division by zero here
-    per_epoch = -(-steps_per_epoch(MAX_TRAIN.get(cfg.dataset, 60000), cfg.world_size, cfg.batch_size,
-                                   cfg.pipeline) // cfg.accumulation_steps)
-    steps = min(cfg.epochs * per_epoch, cfg.max_steps or cfg.epochs * per_epoch)
+    steps = _steps(cfg)
     params = MODEL_PARAMS
     per_rank_step = 200 + _b64(4 * cfg.batch_size * cfg.accumulation_steps)  # numbers, hashes, sample indices
     captures = sum(1 for s in set(cfg.capture_grad_steps) if s < steps)
@@ -44,6 +42,28 @@ def estimate_bytes(cfg: TrainConfig) -> Tuple[int, int]:
               + captures * 2 * _b64(4 * params * cfg.world_size))  # local and synced gradients of every rank
     plots = len(PLOT_NAMES) * (150_000 + 60_000 * cfg.world_size)
     return int(result * 1.1), plots
+
+
+def _steps(cfg: TrainConfig) -> int:
+    """Optimizer steps the run makes at most (its data set's largest size)."""
+    per_epoch = -(-steps_per_epoch(MAX_TRAIN.get(cfg.dataset, 60000), cfg.world_size, cfg.batch_size,
+                                   cfg.pipeline) // cfg.accumulation_steps)
+    return min(cfg.epochs * per_epoch, cfg.max_steps or cfg.epochs * per_epoch)
+
+
+def check_telemetry(cfg: TrainConfig) -> None:
+    """Refuse a run whose ranks' telemetry tables would be too large (engine/job.py checks the same numbers
+    once the data set is loaded); no torch needed."""
+    from ..engine.config import MAX_TABLE_BYTES, ConfigError
+
+    per_rank = _steps(cfg) * (cfg.batch_size * cfg.accumulation_steps * 4 + 8 * 8)
+    if per_rank > MAX_TABLE_BYTES:
+        raise ConfigError(
+            f"TrainConfig.batch_size={cfg.batch_size} is not accepted with accumulation_steps="
+            f"{cfg.accumulation_steps}, epochs={cfg.epochs}, max_steps={cfg.max_steps}: each rank would record about "
+            f"{per_rank:,} bytes of telemetry ({_steps(cfg)} steps x {cfg.batch_size * cfg.accumulation_steps} sample "
+            f"indices), over the {MAX_TABLE_BYTES:,} allowed; set max_steps, fewer epochs or a smaller batch, or "
+            "telemetry=False")
 
 
 def check_room(out: str, cfg: TrainConfig, plots: bool) -> None:

@@ -182,6 +182,11 @@ def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, s
     job.rows.close()
     write_outputs(result, out, plots)
     shutil.rmtree(run_dir, ignore_errors=True)
+    if summary.get("checkpoint_error"):  # the training finished and its result is written: say what is missing
+        from ..engine.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{summary['checkpoint_error']}; the training finished, and "
+                              f"{os.path.join(out, 'result.json')} holds its result", result)
     return result
 
 

@@ -109,14 +109,24 @@ def _start_forkserver_early(start_method: str) -> None:
 
 
 def _check_flags(args: argparse.Namespace) -> TrainConfig:
-    """The flags' values, paths and room, before the modules that import torch (~2 s) could say it."""
+    """The flags' values, the run's size, paths and room, before the modules that import torch (~2 s) could say
+    it. An --out this made and then refused is removed again."""
     from ..engine.config import check_types
+    from .outputs import check_telemetry
 
     cfg = config_from_args(args)
     check_types(cfg)
-    _check_paths(args, cfg)
-    if _writes_results():
-        _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
+    check_telemetry(cfg)  # a run too large to record is named as such, not as a lack of room in --out
+    out = os.path.expanduser(args.out)
+    existed = os.path.exists(out)
+    try:
+        _check_paths(args, cfg)
+        if _writes_results():
+            _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
+    except BaseException:
+        if not existed and os.path.isdir(out) and not os.listdir(out):
+            os.rmdir(out)
+        raise
     return cfg
 
 
@@ -137,7 +147,13 @@ def _train(cfg: TrainConfig, args: argparse.Namespace) -> Optional[object]:
         matplotlib.use("Agg")
     from ..engine.runner import run_training
 
-    result = run_training(cfg, start_method=args.start_method)
+    from ..engine.checkpoint import CheckpointError
+
+    try:
+        result = run_training(cfg, start_method=args.start_method)
+    except CheckpointError as e:  # the training finished: its result is written, then the error said
+        write_outputs(e.result, args.out, not args.no_plots)
+        raise
     write_outputs(result, args.out, not args.no_plots)
     return result
 
@@ -165,6 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     _start_forkserver_early(args.start_method)
     from ..data import DataError
+    from ..engine.checkpoint import CheckpointError
     from ..ranks.launcher import LaunchError, RankFailedError
     from .outputs import OutputError
 
@@ -175,6 +192,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     except OutputError as e:
         say(f"error: {e}")
+        return 1
+    except CheckpointError as e:
+        say(f"error: {e}".replace("this error's .result holds its result",
+                                  f"{os.path.join(args.out, 'result.json')} holds its result"))
         return 1
     except RankFailedError as e:
         say(f"error: {e}")

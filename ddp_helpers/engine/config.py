@@ -22,6 +22,7 @@ PIPELINES = ("default", "seed")
 COMM_HOOKS = ("allreduce", "fp16")
 FAULT_KINDS = ("raise", "kill", "hang")
 RESUME_LATEST = "latest"  # resume_from's value for "the newest checkpoint in checkpoint_dir, if there is one"
+MAX_TABLE_BYTES = 2**30  # one rank's telemetry tables, at most (files in the temp dir, mapped: engine/job.py)
 
 Check = Callable[[Any], bool]
 
@@ -125,6 +126,8 @@ class TrainConfig:
                                             "rank 0 writes checkpoints here (None: no checkpoints)")
     checkpoint_every: int = setting(0, ints(0), "an int >= 0 (0 = only at the end)",
                                     "also checkpoint every N steps (0: only at the end of the run)")
+    checkpoint_keep: int = setting(0, ints(0), "an int >= 0 (0 = keep every checkpoint)",
+                                   "keep only the newest N checkpoints in checkpoint_dir (0: keep all)")
     resume_from: Optional[str] = setting(None, optional(path_text), "None, 'latest' or a checkpoint file",
                                          "checkpoint file to continue from exactly (latest: checkpoint_dir's newest)")
     num_workers: int = setting(2, ints(0, 64), "an int from 0 to 64",
@@ -161,6 +164,8 @@ class TrainConfig:
 # Rules between settings: (setting, is it refused for this config?, what is accepted).
 RULES: Tuple[Tuple[str, Callable[[TrainConfig], bool], Callable[[TrainConfig], str]], ...] = (
     ("checkpoint_every", lambda c: bool(c.checkpoint_every) and c.checkpoint_dir is None,
+     lambda c: "needs checkpoint_dir set as well"),
+    ("checkpoint_keep", lambda c: bool(c.checkpoint_keep) and c.checkpoint_dir is None,
      lambda c: "needs checkpoint_dir set as well"),
     ("resume_from", lambda c: c.resume_from == RESUME_LATEST and c.checkpoint_dir is None,
      lambda c: "'latest' is the newest ckpt-*.pt in checkpoint_dir, so it needs checkpoint_dir set as well (or "

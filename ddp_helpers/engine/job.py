@@ -10,15 +10,13 @@ import numpy as np
 
 from ..common.files import free_text
 from ..ranks.procs import peak_rss_bytes
-from .checkpoint import check_resume
-from .config import ConfigError, TrainConfig, validate
+from .checkpoint import check_checkpoint_room, check_resume
+from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig, validate
 from ..data import DataSplits
 from .model import build_model, n_params
 from .plan import StepPlan
 from .result import TrainResult, collect_result
 from .telemetry import RunRows, TableShape
-
-MAX_TABLE_BYTES = 2**30  # one rank's telemetry tables, at most (they are files in the temp dir, mapped)
 
 
 def check_job(cfg: TrainConfig, local_world_size: Optional[int] = None,
@@ -88,8 +86,10 @@ class Job:
         """The plan (resuming after start_step, as check_job found it), its tables' size checked."""
         plan = StepPlan.for_run(cfg, len(data.train_labels), cfg.world_size, start_step)
         check_not_past_end(cfg, plan)
-        shape = table_shape(cfg, plan, n_params(build_model(cfg.seed)))
+        params = n_params(build_model(cfg.seed))
+        shape = table_shape(cfg, plan, params)
         check_table_size(cfg, shape, run_dir)
+        check_checkpoint_room(cfg, plan.first, plan.end, params)
         return cls(cfg, backend, data, plan, shape, RunRows(run_dir, cfg.world_size),
                    notes=[data.notice] if data.notice else [])
 

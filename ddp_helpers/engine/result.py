@@ -84,7 +84,8 @@ class TrainResult:
     allreduce_calls: List[int]  # per rank, communication-hook calls (one per bucket per synchronized backward)
     peak_cuda_mb: List[float] = field(default_factory=list)  # per rank, peak GPU memory allocated (NaN on CPU)
     captured_grads: Dict[int, Dict[str, np.ndarray]] = field(default_factory=dict)  # step -> local/synced (W, P)
-    final_params: Optional[np.ndarray] = None  # rank 0's flattened parameters at the end
+    final_params: Optional[np.ndarray] = None  # rank 0's flattened parameters at the end (a partial result's: after
+    # the last step rank 0 recorded)
     notes: List[str] = field(default_factory=list)
     complete: bool = True  # False for the partial result kept when a run failed
 
@@ -143,7 +144,7 @@ class TrainResult:
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy rank 0's final parameters into model (same shapes, in model.parameters() order); return it."""
         if self.final_params is None:
-            raise ValueError("this result has no final parameters (a failed run's partial result keeps none)")
+            raise ValueError("this result has no parameters: rank 0 recorded no step before the run failed")
         params = list(model.parameters())
         n = sum(p.numel() for p in params)
         if n != self.final_params.size:
@@ -224,9 +225,17 @@ class TrainResult:
 
     @classmethod
     def load(cls, path: str) -> "TrainResult":
-        """Read a file written by save()."""
+        """Read a file written by save(); a file that isn't one is named, with what is wrong with it."""
         with open(path) as fh:
-            return cls.from_dict(json.load(fh))
+            text = fh.read()
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not a result file: its JSON is broken at line {e.lineno}, column {e.colno} "
+                             f"({e.msg}); it was cut short or edited. Run the training again to write it anew") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ValueError(f"{path} is not a {RESULT_FORMAT} file that this version reads ({type(e).__name__}: "
+                             f"{e}); it was damaged, edited, or written by something else") from None
 
 
 def hex64(x: int) -> str:
@@ -285,6 +294,8 @@ def collect_result(rows: RunRows, config: dict, backend: str, dataset: str, data
     def per_rank(col: RankField, scale: float = 1.0) -> List[float]:
         return [float(x) * scale if math.isfinite(x) else float("nan") for x in info[:, col]]
 
+    if final_params is None and tables and tables[0] is not None and int(tables[0]["count"][0]) > 0:
+        final_params = tables[0]["params"].copy()  # after rank 0's last recorded step (a failed run's)
     return TrainResult(
         config=config, backend=backend, dataset=dataset, data_source=data_source,
         ranks=[_rank_records(t, r) for r, t in enumerate(tables)], test_accuracy=acc,

@@ -7,12 +7,12 @@ import time
 from typing import Callable, List, Optional
 
 from . import worker
-from .checkpoint import resolve_resume
+from .checkpoint import CheckpointError, resolve_resume
 from .config import TrainConfig
 from ..data import load_data
 from .job import Job, check_job
 from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
-from ..ranks.launcher import RankFailedError, check_start_method, launch
+from ..ranks.launcher import LaunchInterrupted, RankFailedError, check_start_method, launch
 from ..ranks.placement import default_threads
 from .result import TrainResult
 from .telemetry import RunRows
@@ -71,8 +71,10 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
                  on_progress: Optional[Callable[[List[int], int], None]] = None, **overrides) -> TrainResult:
     """Train cfg.world_size DDP replicas in real processes and return their per-step records.
 
-    Settings are checked before anything starts; a failing rank raises RankFailedError whose
-    .partial_result holds every step recorded before the failure. start_method="auto" forks the ranks from a
+    Settings are checked before anything starts; a failing rank raises RankFailedError, and Ctrl-C
+    LaunchInterrupted (a KeyboardInterrupt), whose .partial_result holds every step recorded before (and rank 0's
+    parameters after the last); a final checkpoint that can't be written raises CheckpointError, whose .result
+    is the finished run's. start_method="auto" forks the ranks from a
     server with torch already imported (after the first call a launch takes a fraction of a second);
     "spawn" starts fresh interpreters as the listing's mp.spawn does (each imports torch: seconds).
     on_progress(steps_done_per_rank, total_steps) is called from this process whenever a rank advances
@@ -106,11 +108,22 @@ def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, dat
         outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, run_dir), backend=backend,
                          host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s,
                          threads_per_rank=cfg.threads_per_rank or default_threads(cfg.world_size), on_poll=bar,
-                         start_method=start_method, bind_cores=cfg.bind_cores, run_dir=run_dir)
-        return job.result(final_params=outputs[0]["final_params"])
+                         start_method=start_method, bind_cores=cfg.bind_cores, run_dir=run_dir,
+                         watch_shared=False)  # the engine's ranks only read the data
+        result = job.result(final_params=outputs[0]["final_params"])
     except RankFailedError as e:
         e.partial_result = job.result(complete=False)  # every step the ranks recorded before the failure
+        raise
+    except LaunchInterrupted as e:
+        e.partial_result = partial = job.result(complete=False)
+        e.what = (f"training stopped after {partial.n_steps} of {job.plan.n_steps} steps; all {cfg.world_size} ranks "
+                  f"have ended. The steps recorded are in this exception's .partial_result (in a notebook: "
+                  "sys.last_value.partial_result)")
         raise
     finally:
         bar.close()
         job.rows.close()  # unmapped before the folder goes (Windows can't remove a mapped file)
+    missed = outputs[0].get("checkpoint_error")
+    if missed:  # the training finished, its last checkpoint didn't: the result is kept on the error
+        raise CheckpointError(f"{missed}; the training finished, and this error's .result holds its result", result)
+    return result

@@ -75,6 +75,7 @@ class TableShape:
             "info": (np.float64, (len(RankField),), np.nan),
             "captures": (np.float32, (n, 2, self.n_params), 0.0),
             "capture_done": (np.bool_, (n,), False),
+            "params": (np.float32, (self.n_params,), np.nan),  # rank 0's, after its last step: a partial result's
         }
 
     def nbytes(self) -> int:
@@ -144,6 +145,7 @@ class RankTelemetry:
         self.f64, self.i64, self.samples = tables["f64"], tables["i64"], tables["samples"]
         self.count, self.info = tables["count"], tables["info"]
         self.captures, self.capture_done = tables["captures"], tables["capture_done"]
+        self.last_params = tables["params"]
         self.row, self.t0, self.capture = 0, 0.0, False
 
     def begin(self, step: int) -> None:
@@ -169,10 +171,20 @@ class RankTelemetry:
             i64[row, StepInt.SAMPLES] = samples_hash(idx_np)
             self.samples[row, :len(idx_np)] = idx_np
         i64[row, StepInt.STEP] = step
+        if self.rank == 0:
+            self._keep_params()
         t1 = time.monotonic()
         f64[row, StepFloat.START], f64[row, StepFloat.TIME] = self.t0, t1 - self.t0
         self.row += 1
         self.count[0] = self.row  # publish last: rows below count are complete
+
+    def _keep_params(self) -> None:
+        """Rank 0's parameters after this step, in its file: a failed run's partial result can be loaded."""
+        offset = 0
+        for p in self.hashed:
+            flat = (p if isinstance(p, np.ndarray) else p.detach().float().cpu().numpy()).reshape(-1)
+            self.last_params[offset:offset + flat.size] = flat
+            offset += flat.size
 
     def _loss_and_norms(self, loss: torch.Tensor) -> Sequence[float]:
         sq = self.grads.squared_norms()

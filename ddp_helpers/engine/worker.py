@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..ranks.procs import freeze_heap
 from .batches import Batch, RankBatches
-from .checkpoint import resume, save_if_due
+from .checkpoint import CheckpointError, resume, save_if_due
 from .config import TrainConfig
 from ..data import DataSplits, load_data, normalize
 from .faults import inject_fault
@@ -55,6 +55,7 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
                               attach_recorder(ddp, cfg.comm_hook, cfg.telemetry))
     batches = RankBatches(cfg, data, rank, world_size, device)  # this rank's shard, reshuffled every epoch
     freeze_heap()
+    missed = None  # why the final checkpoint could not be written, if it couldn't
     for step, micro in plan.steps(batches):
         inject_fault(cfg, rank, step)
         telemetry.begin(step)
@@ -62,11 +63,14 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
         loss = forward_backward(ddp, micro)  # the last backward all-reduces the gradients, bucket by bucket
         optimizer.step()  # same averaged gradient + same start = same update on every replica
         telemetry.end(step, loss, sample_ids(micro))
-        save_if_due(cfg, rank, step + 1, plan.end, model, optimizer, device)  # all ranks: they send RNG states
+        try:
+            save_if_due(cfg, rank, step + 1, plan.end, model, optimizer, device)  # all ranks: they send RNG states
+        except CheckpointError as e:  # the last one: the training is done, and its result is kept
+            missed = str(e)
     telemetry.training_done(device)
     batches.close()
     telemetry.finish(*evaluate(model, data, rank, world_size, device), device)
-    return {"final_params": flat_params(model).numpy() if rank == 0 else None}
+    return {"final_params": flat_params(model).numpy() if rank == 0 else None, "checkpoint_error": missed}
 
 
 def forward_backward(ddp: DDP, micro: List[Batch]) -> torch.Tensor:

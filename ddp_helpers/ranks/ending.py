@@ -55,28 +55,29 @@ def kill_marked(mark: str) -> List[int]:
 
 
 @contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C waits until the block is done, then is raised: a second interrupt during a launch's ending (its
-    SIGTERM grace) would otherwise leave ranks running beside an idle notebook."""
+def interrupts_deferred() -> Iterator[List[int]]:
+    """Ctrl-C can't stop the block: it is noted in the list yielded, for the caller to act on once the block is
+    done. A second interrupt during a launch's ending (its SIGTERM grace) left ranks running beside an idle
+    notebook."""
+    pending: List[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield pending
         return
-    pending = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
-        yield
+        yield pending
     finally:
         signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
-def end_launch(procs: List[Any], mark: str, wait_s: float) -> None:
-    """Reap or stop every rank, then end whatever they started: nothing of the launch outlives it."""
-    with interrupts_deferred():
+def end_launch(procs: List[Any], mark: str, wait_s: float) -> bool:
+    """Reap or stop every rank, then end whatever they started: nothing of the launch outlives it. True if
+    Ctrl-C came meanwhile (it waited)."""
+    with interrupts_deferred() as pending:
         join_all(procs, wait_s)  # a rank that reported its value exits at once; one that doesn't ...
         stop_processes(procs)  # ... is ended here
         for p in procs:
             if p.pid is not None:
                 kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
         kill_marked(mark)  # and whatever left the group
+    return bool(pending)

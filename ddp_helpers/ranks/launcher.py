@@ -192,7 +192,8 @@ def _launch(method: str, world_size: int, backend: str, host: str, port: int, ti
         store = None  # noqa: F841 - frees the port for the next run
         if listener is not None:
             listener.close()
-    end_launch(procs, mark, wait_s=10.0)  # every rank reported: they are exiting now
+    if end_launch(procs, mark, wait_s=10.0):  # every rank reported: they are exiting now
+        raise LaunchInterrupted(f"stopped as the ranks finished; all {world_size} ranks have ended")
     return outputs
 
 

@@ -46,6 +46,8 @@ def _in_launching_process() -> bool:
 
     if multiprocessing.process.parent_process() is not None:
         return False  # a process multiprocessing started: a rank
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        return False  # a spawned rank re-importing the main script (spawn._main, before its bootstrap)
     return not (sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules)  # the server itself
 
 
