@@ -1,0 +1,31 @@
+"""Run code in a real Jupyter kernel (ipykernel, as JupyterLab starts it) and collect what the cell showed."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cell_outputs(code: str, timeout: float = 120.0, **env: str) -> List[Dict[str, Any]]:
+    """The iopub messages (msg_type plus content) the cell's execution sent, in order, in a fresh kernel."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    km.start_kernel(cwd=str(ROOT), env={**os.environ, "PYTHONPATH": path, **env})
+    kc = km.client()
+    kc.start_channels()
+    outputs: List[Dict[str, Any]] = []
+    try:
+        kc.wait_for_ready(timeout=60)
+        reply = kc.execute_interactive(code, timeout=timeout,
+                                       output_hook=lambda msg: outputs.append({"msg_type": msg["msg_type"],
+                                                                               **msg["content"]}))
+        errors = [o for o in outputs if o["msg_type"] == "error"]
+        assert reply["content"]["status"] == "ok", errors or reply["content"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    return [o for o in outputs if o["msg_type"] not in ("status", "execute_input")]
