@@ -265,7 +265,8 @@ LAYOUT = """() => {
             drawer: [...document.querySelectorAll(".primary-toggle")].some(visible)};
 }"""
 SIDEBAR_AFTER_SCROLL = """() => { window.scrollTo(0, document.body.scrollHeight);
-    const r = document.querySelector("#pst-primary-sidebar").getBoundingClientRect();
+    const sidebar = document.querySelector("#pst-primary-sidebar");
+    const r = sidebar ? sidebar.getBoundingClientRect() : {top: NaN, bottom: NaN};
     return [window.scrollY, r.top, r.bottom, window.innerHeight]; }"""
 
 
@@ -301,7 +302,7 @@ def test_every_page_at_desktop_and_phone_width(site):
                     measured[name, width] = m = page.evaluate(LAYOUT)
                     if name == "notebooks/04_two_process_mnist" and width == 1400:
                         m["scrolled"] = page.evaluate(SIDEBAR_AFTER_SCROLL)
-                    if name == "notebooks/04_two_process_mnist" and width == 390:  # the drawer opens
+                    if name == "notebooks/04_two_process_mnist" and width == 390 and m["drawer"]:  # it opens
                         page.locator(".primary-toggle:visible").first.click()
                         drawer = page.locator("#pst-primary-sidebar-modal[open] a[href='05_beyond_the_basics.html']")
                         try:
@@ -320,12 +321,11 @@ def test_every_page_at_desktop_and_phone_width(site):
             problems.append(f"{where}: inline code runs off the screen: {m['inline'][:3]}")
         if not all(m["tables"]):
             problems.append(f"{where}: a table wider than the screen without a scroll box of its own")
-        small = [(round(s, 2), w, src) for s, w, src in m["figures"] if s < 0.59 and s * w < 0.99 * min(w, width)]
-        if small:  # shrunk below 60% of its drawn size (text under ~10 px) although the screen had room
-            problems.append(f"{where}: figures shrunk to {small[:3]}")
-        small = [(round(s, 2), w) for s, w, _ in m["figures"] if s < 0.59]
+        # Figures are drawn at 150 dpi, most of their text 8-10 pt (17-21 px drawn, 10-12 px at 60%; a laptop's
+        # column shows them at ~70%): below 60% the axis labels go under 10 px.
+        small = [(round(s, 2), w, src) for s, w, src in m["figures"] if s < 0.59]
         if small:
-            problems.append(f"{where}: figure text too small to read: scale and drawn width {small[:3]}")
+            problems.append(f"{where}: figure text too small to read (scale, drawn width, image): {small[:3]}")
     for i, name in enumerate(order):
         for width in (1400, 390):
             m, where = measured[name, width], f"{name} at {width} px"
