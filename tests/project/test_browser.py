@@ -356,6 +356,12 @@ def test_student_fills_a_blank_in_the_browser(tmp_path, capsys):
                 verdicts[name]
         text = page.inner_text(".jp-NotebookPanel")
         assert "Traceback" not in text and "NotImplementedError:" not in text
+        # Each verdict is a rich output: its word bold and coloured, its hint in a box that wraps between words.
+        words = page.eval_on_selector_all(".jp-NotebookPanel .jp-RenderedHTMLCommon .ddp-verdict-word",
+                                          "els => els.map(e => [e.textContent, getComputedStyle(e).color, "
+                                          "getComputedStyle(e).fontWeight])")
+        assert len(words) == len(EXERCISES), words
+        assert ["PASS", "rgb(26, 127, 55)", "700"] in words and ["TRY AGAIN", "rgb(180, 35, 24)", "700"] in words, words
         summary = outputs[-1]
         assert "1 of 7 exercises pass" in summary and re.search(rf"{solved}\s+done", summary), summary
         assert re.search(rf"{wrong}\s+try again", summary), summary
