@@ -56,18 +56,41 @@ def test_a_failing_program_shows_its_stderr(capsys):
     assert captured.out == "$ x\npartial\n" and captured.err == "it broke\n"
 
 
-@pytest.mark.slow
-def test_a_timeout_ends_the_program_and_what_it_started(tmp_path):
+def _left_running(token: str) -> list:
+    """Processes (not zombies) whose command line holds token: what a run left behind."""
     import psutil
 
-    pids = tmp_path / "pids"
-    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
-            "time.sleep(60)']); open(sys.argv[1], 'w').write(f'{c.pid}'); print('started', flush=True); "
-            "time.sleep(60)")
+    left = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if token in " ".join(proc.info["cmdline"] or []) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            left.append(proc.pid)
+    return left
+
+
+# A program that starts a child of its own (as the script starts its ranks), says so, and sleeps.
+PARENT_AND_CHILD = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+                    "'import time; time.sleep(60)', sys.argv[1]]); print('started', flush=True); time.sleep(60)")
+
+
+@pytest.mark.slow
+def test_an_interrupt_ends_the_program_and_what_it_started(tmp_path):
+    """The stop button (KeyboardInterrupt in the cell) leaves nothing running: the program's group is ended."""
+    def stop_when_started(line):
+        if line.startswith("started"):
+            raise KeyboardInterrupt
+
+    token = f"child-of-{tmp_path.name}"
+    with pytest.raises(KeyboardInterrupt):
+        run_script([sys.executable, "-c", PARENT_AND_CHILD, token], shown_as="sleeper", on_line=stop_when_started)
+    assert _left_running(token) == []
+
+
+@pytest.mark.slow
+def test_a_timeout_ends_the_program(tmp_path):
+    token = f"timed-out-{tmp_path.name}"
     with pytest.raises(subprocess.TimeoutExpired):
-        run_script([sys.executable, "-c", code, str(pids)], shown_as="sleeper", timeout_s=3)
-    child = int(pids.read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        run_script([sys.executable, "-c", PARENT_AND_CHILD, token], shown_as="sleeper", timeout_s=2)
+    assert _left_running(token) == []
 
 
 @pytest.mark.timeout(180)
