@@ -20,7 +20,8 @@ project = "DDP from a notebook"
 author = "ddp_helpers"
 copyright = "ddp_helpers contributors"  # noqa: A001  (Sphinx's name for it)
 
-extensions = ["myst_nb", "site_notebooks", "static_widgets"]
+# sphinx_copybutton: a copy button on each code block (the notebooks' cells and the shell lines), not on outputs.
+extensions = ["myst_nb", "sphinx_copybutton", "site_notebooks", "static_widgets"]
 root_doc = "index"
 exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 nitpicky = True  # an unresolved reference is a warning, and `make site` turns warnings into errors
@@ -32,18 +33,39 @@ nb_merge_streams = True  # a rank-free parent prints in several chunks; show the
 nb_ipywidgets_js = {}
 myst_heading_anchors = 3  # "#summary"-style links inside a page resolve
 
-html_theme = "alabaster"  # ships with Sphinx; no web fonts or scripts from the network
+# sphinx-book-theme (on pydata-sphinx-theme): made for notebook books. Its fonts, icons and scripts are files of
+# the site (nothing from a CDN); the left sidebar (the table of contents) stays in view while a page scrolls and
+# folds into a drawer on a phone; every page ends with previous/next links; a download button gives a notebook
+# page's .ipynb (the stored notebook, with its outputs: html_copy_source) and a print to PDF.
+html_theme = "sphinx_book_theme"
+html_title = project
+html_theme_options = {
+    "use_download_button": True,
+    "use_fullscreen_button": False,
+    "use_repository_button": False,  # no repository address is named on the site
+    "show_prev_next": True,
+    "home_page_in_toc": True,
+    "show_navbar_depth": 1,
+    "navigation_with_keys": False,
+}
 html_static_path = ["_static"]
 html_css_files = ["site.css"]
-html_theme_options = {
-    "page_width": "1020px",  # below this the sidebar moves under the page; site.css lets the page grow to 1340px
-    "sidebar_width": "220px",
-    "font_family": "system-ui, -apple-system, 'Segoe UI', sans-serif",
-    "head_font_family": "system-ui, -apple-system, 'Segoe UI', sans-serif",
-    "code_font_family": "ui-monospace, 'SFMono-Regular', Menlo, Consolas, monospace",
-    "show_powered_by": False,
-}
+html_js_files = ["figures.js", "sidebar_toggle.js"]
 html_show_sphinx = False
-html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
+html_copy_source = True  # the download button's files: _sources/notebooks/NN_name.ipynb, the stored notebook
+html_sourcelink_suffix = ""  # ...under their own name (Sphinx would add .txt)
 html_show_sourcelink = False
-html_copy_source = False
+copybutton_selector = "div.cell_input div.highlight pre, div.highlight-bash div.highlight pre, " \
+                      "div.highlight-python div.highlight pre"
+
+
+def _drop_theme_macros(app, exception) -> None:
+    """pydata-sphinx-theme copies its Jinja macro files into _static/ unrendered: they are not pages (their
+    links are template code), so they leave the built site."""
+    if exception is None and app.builder.format == "html":
+        for macros in Path(app.outdir, "_static").glob("*webpack-macros.html"):
+            macros.unlink()
+
+
+def setup(app) -> None:
+    app.connect("build-finished", _drop_theme_macros)

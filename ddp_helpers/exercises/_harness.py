@@ -18,6 +18,7 @@ import torch
 
 from ..engine.config import ConfigError
 from ..ranks.launcher import LaunchError, RankFailedError, launch, raised_in_collective
+from ._display import VerdictView, show
 
 # The learner's functions live in notebook cells: the launcher sends them to the ranks by value (cloudpickle),
 # so the checks use its default start method (a forkserver with torch preloaded, or spawn). Every check
@@ -55,13 +56,20 @@ class CheckResult:
         return self.mistake != NOT_DONE
 
     @property
-    def message(self) -> str:
-        """The line the check prints."""
+    def verdict(self) -> str:
+        """PASS, NOT DONE YET or TRY AGAIN."""
         if self.passed:
-            return f"PASS  {self.exercise}: {self.hint}"
-        if self.mistake == NOT_DONE:
-            return f"NOT DONE YET  {self.exercise}: {self.hint}"
-        return f"TRY AGAIN  {self.exercise}: {self.hint}"
+            return "PASS"
+        return "NOT DONE YET" if self.mistake == NOT_DONE else "TRY AGAIN"
+
+    @property
+    def message(self) -> str:
+        """The line the check prints (in Jupyter it is shown as HTML: see _display)."""
+        return repr(self.view())
+
+    def view(self) -> VerdictView:
+        """The verdict for IPython's display (coloured HTML) with this message as its plain text."""
+        return VerdictView(self.verdict, self.exercise, self.hint)
 
     def __str__(self) -> str:
         return self.message
@@ -173,7 +181,7 @@ def _run_checked(exercise: str, body: Callable[[], str], student_fn: Any, quiet:
     except Verdict as v:
         result = CheckResult(exercise, True, v.hint) if v.passed else _tiered(exercise, v, nudges)
     if not quiet:
-        print(result.message)
+        show(result.view())
     return result
 
 

@@ -4,7 +4,9 @@ The panel runs the package's real DDP training (run_training) when its Train but
 bar per rank is driven by run_training's on_progress callback, which runs in the notebook's process between
 polls of the ranks, so the bars move while the cell's kernel is busy. When training ends, the loss and gradient
 norm plots appear in the panel's Output widget; a rejected setting or a failed rank is shown as a one-line
-message in the panel, never as a traceback.
+message in the panel, never as a traceback. Everything else a run says (the offline data fallback, a warning) is
+shown in the same status line: printed from a button's callback, it would go to JupyterLab's log console, where a
+learner never looks. Each run starts from an empty panel, so bars and plots always belong to the run named above.
 
 Ranks are started with the launcher's default ("auto": forked from a server that has torch imported, where the
 platform has one): after the first run a launch costs a fraction of a second, a spawn launch several seconds.
@@ -12,10 +14,12 @@ platform has one): after the first run a launch costs a fraction of a second, a 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import time
-from typing import Any, Dict, List, Optional
+import warnings
+from typing import Any, Callable, Dict, List, Optional
 
 from ..engine.config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
 from ..data import DataError
@@ -24,7 +28,35 @@ from ..engine.result import TrainResult
 from ..ranks.startmethod import resolve_start_method
 
 DEFAULT_BASE = TrainConfig(dataset="mnist-5k", backend="gloo", threads_per_rank=1, seed=0)  # offline, deterministic
-_COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318"}
+_COLORS = {"info": "#444444", "busy": "#1f5fa8", "done": "#1a7f37", "error": "#b42318", "notice": "#9a6700"}
+_PREFIX = "[ddp_helpers] "  # how the package's notices start on stderr; the panel names no sender
+
+
+class _LineSink(io.TextIOBase):
+    """A text stream that hands each complete line to a callback (stands in for sys.stderr during a run)."""
+
+    def __init__(self, on_line: Callable[[str], None]):
+        super().__init__()
+        self.on_line, self.pending = on_line, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.on_line(line)
+        return len(text)
+
+    def warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        """warnings.showwarning's signature: one line, its class and message (not the file path)."""
+        self.write(f"{category.__name__}: {message}\n")
+
+    def flush(self) -> None:
+        if self.pending:
+            line, self.pending = self.pending, ""
+            self.on_line(line)
 
 
 def _figure_output(fig: Any) -> Dict[str, Any]:
@@ -48,7 +80,8 @@ class ControlPanel:
         self.start_method = start_method
         self.result: Optional[TrainResult] = None
         self.error: Optional[BaseException] = None
-        self.message = "Press Train to start."  # plain text of the status line
+        self.message = "Press Train to start."  # plain text of the status line's first line
+        self.notices: List[str] = []  # what the last run said besides (the data fallback, warnings), one per line
         self.runs = 0
         style = {"description_width": "90px"}
         layout = w.Layout(width="260px")
@@ -95,23 +128,20 @@ class ControlPanel:
         self.runs += 1
         run = self.runs
         self.error = None
+        self.notices = []
+        self._clear_run()  # the previous run's bars and plots go, whatever this run turns out to be
         self.train_button.disabled = True  # one run at a time: a second click would queue behind this one
+        sink = _LineSink(self._add_notice)
         try:
-            cfg = self.config()
-            validate(cfg)  # a bad setting is reported before any bar or process appears
-            self._make_bars(cfg.world_size)
-            self.output.outputs = ()
-            method = resolve_start_method(self.start_method)
-            self._set_status("busy", f"run {run}: training {cfg.world_size} rank(s) ({method})...")
-            t0 = time.monotonic()
-            from ..engine.runner import run_training
-
-            result = run_training(cfg, progress=False, start_method=method, on_progress=self._on_progress)
-            seconds = time.monotonic() - t0
+            # A button's callback has no cell: what it writes to stderr would land in Lab's log console.
+            with contextlib.redirect_stderr(sink), warnings.catch_warnings():
+                warnings.showwarning = sink.warning
+                result, seconds = self._run(run)
         except ConfigError as e:
             self._failed(run, e, f"setting rejected: {e}")
             return None
         except RankFailedError as e:
+            self._add_notes(getattr(e, "partial_result", None))
             self._failed(run, e, f"training failed on rank {e.rank}: {e.message}")
             return None
         except (LaunchError, DataError) as e:
@@ -121,8 +151,10 @@ class ControlPanel:
             self._failed(run, e, f"unexpected {type(e).__name__}: {e}")
             return None
         finally:
+            sink.flush()
             self.train_button.disabled = False
         self.result = result
+        self._add_notes(result)
         last = result.ranks[0].loss[-1] if result.n_steps else float("nan")
         self._set_status("done", f"run {run} finished: {result.n_steps} steps per rank on {result.world_size} "
                                  f"rank(s) in {seconds:.1f} s; rank 0's last loss {last:.3f}, test accuracy "
@@ -131,10 +163,43 @@ class ControlPanel:
         self._show_plots(result)
         return result
 
+    def _run(self, run: int):
+        """Check the settings, then train; returns the TrainResult and the seconds it took."""
+        cfg = self.config()
+        validate(cfg)  # a bad setting is reported before any bar or process appears
+        self._make_bars(cfg.world_size)
+        method = resolve_start_method(self.start_method)
+        self._set_status("busy", f"run {run}: training {cfg.world_size} rank(s) ({method})...")
+        t0 = time.monotonic()
+        from ..engine.runner import run_training
+
+        result = run_training(cfg, progress=False, start_method=method, on_progress=self._on_progress)
+        return result, time.monotonic() - t0
+
     def _failed(self, run: int, error: BaseException, text: str) -> None:
         self.error = error
+        if not isinstance(error, RankFailedError):
+            self._clear_run()  # nothing trained: no bars stay behind (a failed rank's bars show where it stopped)
         first = str(text).strip().splitlines()[0]  # never a traceback, even if a message carries one
         self._set_status("error", f"run {run}: {first}")
+
+    def _clear_run(self) -> None:
+        self.bars, self.bar_labels = [], []
+        self.progress.children = ()
+        self.output.outputs = ()
+
+    def _add_notice(self, line: str) -> None:
+        """One line a run wrote to stderr, or one of its result's notes, shown under the status message."""
+        text = line.strip()
+        if text.startswith(_PREFIX):
+            text = text[len(_PREFIX):]
+        if text and text not in self.notices:
+            self.notices.append(text)
+            self._set_status(self._kind, self.message)
+
+    def _add_notes(self, result: Optional[TrainResult]) -> None:
+        for note in getattr(result, "notes", None) or []:  # kept with the result: said again on a cached load
+            self._add_notice(note)
 
     def _make_bars(self, world_size: int) -> None:
         import ipywidgets as w
@@ -159,8 +224,15 @@ class ControlPanel:
         self.output.outputs = tuple(_figure_output(f) for f in (plot_losses(result), plot_grad_norms(result)))
 
     def _set_status(self, kind: str, text: str) -> None:
-        self.message = text
-        self.status.value = f'<span style="color:{_COLORS[kind]}">{html.escape(text)}</span>'
+        self.message, self._kind = text, kind
+        lines = [f'<span style="color:{_COLORS[kind]}">{html.escape(text)}</span>']
+        lines += [f'<span style="color:{_COLORS["notice"]}">note: {html.escape(n)}</span>' for n in self.notices]
+        self.status.value = "<br>".join(lines)
+
+    @property
+    def status_text(self) -> str:
+        """The status line as plain text: the message, then one "note: ..." line per notice of the run."""
+        return "\n".join([self.message] + [f"note: {n}" for n in self.notices])
 
     # -------------------------------------------------------------------------------------------- display
     def _repr_mimebundle_(self, **kwargs: Any) -> Dict[str, Any]:

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
 PRELOAD = "ddp_helpers.ranks.server_preload"  # what the forkserver imports once (see that module)
+WARM_UP_NOTICE = ("Setting up, once per kernel: this notebook and a server process for its ranks each import "
+                  "torch (a few seconds, longer on a busy machine). The first launch waits for the server if it "
+                  "is not ready yet; later launches start in a fraction of a second.")
 
 
 def resolve_start_method(start_method: str) -> str:
@@ -65,4 +69,29 @@ def warm_up() -> None:
     prepare_forkserver()
     import multiprocessing.forkserver
 
+    starting = multiprocessing.forkserver._forkserver._forkserver_pid is None  # not yet started in this process
     multiprocessing.forkserver.ensure_running()
+    if starting:
+        _say_until_the_cell_ends(WARM_UP_NOTICE)
+
+
+def _say_until_the_cell_ends(text: str) -> None:
+    """In a Jupyter kernel, show text under the running cell and take it away when the cell ends; else nothing.
+
+    It leaves no output behind, so no stored notebook changes: nbval keeps a cell's first display and ignores
+    its updates, nbclient stores the last update; the display starts and ends empty, the text is an update.
+    """
+    ipython = sys.modules.get("IPython")  # loaded with the kernel: nothing is imported for a script or a rank
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "kernel"):  # a script, a terminal IPython, pytest: quiet
+        return
+    from IPython.display import display
+
+    handle = display({}, raw=True, display_id=True)
+    handle.update({"text/plain": text, "text/html": f'<i style="color:#555">{text}</i>'}, raw=True)
+
+    def take_away(*_result) -> None:
+        shell.events.unregister("post_run_cell", take_away)
+        handle.update({}, raw=True)
+
+    shell.events.register("post_run_cell", take_away)

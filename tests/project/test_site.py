@@ -239,3 +239,120 @@ def test_table_of_contents_follows_the_notebooks_folder(tmp_path):
                                     "notebooks/exercises/exercises\n")]
     assert order == sorted(order), toc
     assert ":caption: Appendix" not in toc_markdown(["01_a.ipynb"]), "an empty section must not be listed"
+
+
+# What a reader's browser must find on every page, measured in Chromium at a desktop and a phone width.
+LAYOUT = """() => {
+    const vw = window.innerWidth, visible = e => { if (!e) return false; const r = e.getBoundingClientRect(),
+          s = getComputedStyle(e); return r.width > 0 && r.height > 0 && s.visibility !== "hidden"; };
+    const article = document.querySelector(".bd-article-container") || document.querySelector("main");
+    const inline = [...document.querySelectorAll("article code")].filter(c => !c.closest("pre"))
+        .filter(c => [...c.getClientRects()].some(r => r.right > vw + 1)).map(c => c.textContent.slice(0, 60));
+    const figures = [...document.querySelectorAll("div.cell_output img, .static-widget img")]
+        .filter(i => i.naturalWidth > 0).map(i => [i.getBoundingClientRect().width / i.naturalWidth,
+                                                    i.naturalWidth, i.getAttribute("src")]);
+    const tables = [...document.querySelectorAll("article table")].filter(t => t.scrollWidth > vw).map(t => {
+        let box = t.parentElement;
+        while (box && !["auto", "scroll"].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
+        return box ? box.getBoundingClientRect().right <= vw + 1 : false; });
+    const link = sel => { const a = document.querySelector(sel); return a ? [a.getAttribute("href"), visible(a)] : null; };
+    return {page: document.documentElement.scrollWidth, vw: vw,
+            article: article ? [article.scrollWidth, article.clientWidth] : null, inline: inline,
+            figures: figures, tables: tables, prev: link("a.left-prev"), next: link("a.right-next"),
+            ipynb: link("a[href$='.ipynb']"), copy: document.querySelectorAll("button.copybtn").length,
+            code: document.querySelectorAll("div.cell_input div.highlight pre").length,
+            sidebar: visible(document.querySelector("#pst-primary-sidebar")),
+            drawer: [...document.querySelectorAll(".primary-toggle")].some(visible)};
+}"""
+SIDEBAR_AFTER_SCROLL = """() => { window.scrollTo(0, document.body.scrollHeight);
+    const sidebar = document.querySelector("#pst-primary-sidebar");
+    const r = sidebar ? sidebar.getBoundingClientRect() : {top: NaN, bottom: NaN};
+    return [window.scrollY, r.top, r.bottom, window.innerHeight]; }"""
+
+
+def _reading_order(site: Path) -> List[str]:
+    """The pages in the order of the table of contents: the index, the notebooks, then the reference."""
+    return ["index"] + [f"notebooks/{n}" for n in _notebooks()] + [
+        n for n in ("benchmarks", "benchmark_history", "teachers", "maintainers", "architecture")
+        if (site / f"{n}.html").is_file()]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_every_page_at_desktop_and_phone_width(site):
+    """1400 px and 390 px: no page scrolls sideways (tables and outputs scroll in their own box, inline code
+    wraps), figures keep readable text, previous/next links and a notebook's .ipynb download are there, the
+    sidebar stays in view on the desktop and folds into a drawer on the phone, code cells have copy buttons."""
+    sync_api = _browser_modules()
+    order = _reading_order(site)
+    problems: List[str] = []
+    measured: Dict[Tuple[str, int], dict] = {}
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file://", "data:"))
+                       else (problems.append(f"network: {route.request.url}"), route.abort()))
+            for width in (1400, 390):
+                page.set_viewport_size({"width": width, "height": 900})
+                for name in order:
+                    page.goto((site / f"{name}.html").as_uri(), wait_until="load")
+                    page.wait_for_function("document.querySelectorAll('div.cell_output img').length === 0 || "
+                                           "[...document.querySelectorAll('div.cell_output img')].every(i => i.complete)")
+                    measured[name, width] = m = page.evaluate(LAYOUT)
+                    if name == "notebooks/04_two_process_mnist" and width == 1400:
+                        m["scrolled"] = page.evaluate(SIDEBAR_AFTER_SCROLL)
+                    if name == "notebooks/04_two_process_mnist" and width == 390 and m["drawer"]:  # it opens
+                        page.locator(".primary-toggle:visible").first.click()
+                        drawer = page.locator("#pst-primary-sidebar-modal[open] a[href='05_beyond_the_basics.html']")
+                        try:
+                            drawer.first.wait_for(state="visible", timeout=5000)
+                        except sync_api.TimeoutError:
+                            problems.append("at 390 px the sidebar button does not open the table of contents")
+        finally:
+            browser.close()
+    for (name, width), m in measured.items():
+        where = f"{name} at {width} px"
+        if m["page"] > m["vw"] + 1:
+            problems.append(f"{where}: the page is {m['page']} px wide")
+        if m["article"] and m["article"][0] > m["article"][1] + 1:
+            problems.append(f"{where}: the article scrolls sideways ({m['article'][0]} > {m['article'][1]} px)")
+        if m["inline"]:
+            problems.append(f"{where}: inline code runs off the screen: {m['inline'][:3]}")
+        if not all(m["tables"]):
+            problems.append(f"{where}: a table wider than the screen without a scroll box of its own")
+        # Figures are drawn at 150 dpi, most of their text 8-10 pt (17-21 px drawn, 10-12 px at 60%; a laptop's
+        # column shows them at ~70%): below 60% the axis labels go under 10 px.
+        small = [(round(s, 2), w, src) for s, w, src in m["figures"] if s < 0.59]
+        if small:
+            problems.append(f"{where}: figure text too small to read (scale, drawn width, image): {small[:3]}")
+    for i, name in enumerate(order):
+        for width in (1400, 390):
+            m, where = measured[name, width], f"{name} at {width} px"
+            expect = {"prev": order[i - 1] if i else None, "next": order[i + 1] if i + 1 < len(order) else None}
+            for side, target in expect.items():
+                link = m[side]
+                if target is None:
+                    continue
+                if not link or not link[1]:
+                    problems.append(f"{where}: no visible {side} link")
+                elif (site / name).parent.joinpath(link[0]).resolve() != (site / f"{target}.html").resolve():
+                    problems.append(f"{where}: {side} goes to {link[0]}, not {target}")
+            if name.startswith("notebooks/"):
+                if not m["ipynb"]:
+                    problems.append(f"{where}: no .ipynb download")
+                elif (site / name).parent.joinpath(m["ipynb"][0]).resolve().read_bytes() != \
+                        (NOTEBOOKS / f"{name[len('notebooks/'):]}.ipynb").read_bytes():
+                    problems.append(f"{where}: the .ipynb download is not the stored notebook")
+                if m["code"] == 0 or m["copy"] < m["code"]:
+                    problems.append(f"{where}: {m['copy']} copy buttons for {m['code']} code cells")
+            if width == 1400 and not m["sidebar"]:
+                problems.append(f"{where}: no sidebar")
+            if width == 390 and (m["sidebar"] or not m["drawer"]):
+                problems.append(f"{where}: the sidebar should fold into a drawer (sidebar {m['sidebar']}, "
+                                f"drawer button {m['drawer']})")
+    scroll_y, top, bottom, height = measured["notebooks/04_two_process_mnist", 1400]["scrolled"]
+    assert scroll_y > 2000, scroll_y
+    if not (-2 <= top < height and bottom > height / 2):
+        problems.append(f"the sidebar scrolled away: top {top}, bottom {bottom}, window {height} px")
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
