@@ -72,26 +72,13 @@ def warm_up() -> None:
     starting = multiprocessing.forkserver._forkserver._forkserver_pid is None  # not yet started in this process
     multiprocessing.forkserver.ensure_running()
     if starting:
-        _say_until_the_cell_ends(WARM_UP_NOTICE)
+        _say_in_a_notebook(WARM_UP_NOTICE)
 
 
-def _say_until_the_cell_ends(text: str) -> None:
-    """In a Jupyter kernel, show text under the running cell and take it away when the cell ends; else nothing.
-
-    It leaves no output behind, so no stored notebook changes: nbval keeps a cell's first display and ignores
-    its updates, nbclient stores the last update; the display starts and ends empty, the text is an update.
-    """
+def _say_in_a_notebook(text: str) -> None:
+    """In a Jupyter kernel, print text under the running cell (it stays, as a stored notebook keeps it); else nothing."""
     ipython = sys.modules.get("IPython")  # loaded with the kernel: nothing is imported for a script or a rank
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None or not hasattr(shell, "kernel"):  # a script, a terminal IPython, pytest: quiet
         return
-    from IPython.display import display
-
-    handle = display({}, raw=True, display_id=True)
-    handle.update({"text/plain": text, "text/html": f'<i style="color:#555">{text}</i>'}, raw=True)
-
-    def take_away(*_result) -> None:
-        shell.events.unregister("post_run_cell", take_away)
-        handle.update({}, raw=True)
-
-    shell.events.register("post_run_cell", take_away)
+    print(text, flush=True)
