@@ -20,7 +20,7 @@ project = "DDP from a notebook"
 author = "ddp_helpers"
 copyright = "ddp_helpers contributors"  # noqa: A001  (Sphinx's name for it)
 
-extensions = ["myst_nb", "site_notebooks", "static_widgets"]
+extensions = ["myst_nb", "site_notebooks", "static_widgets", "figure_alt"]
 root_doc = "index"
 exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 nitpicky = True  # an unresolved reference is a warning, and `make site` turns warnings into errors
