@@ -143,18 +143,20 @@ def draw_join(logs: Sequence[Sequence[Sequence[Any]]]) -> Diagram:
 
 
 def _join_alt(logs: Sequence[Sequence[Sequence[Any]]]) -> str:
+    first = logs[0][0][1]
+    per_iteration = [k for k, w in logs[0] if w == first]
     parts = []
     for rank, log in enumerate(logs):
         iters = len({w for _, w in log if w != "after"})
         shadow = sum(k == "bucket" and w == "after" for k, w in log)
         control = sum(k != "bucket" and w == "after" for k, w in log)
-        parts.append(f"rank {rank} trains {iters} iterations"
-                     + (f", then answers {shadow} gradient all-reduces with zeros and {control} one-number "
-                        "all-reduces" if shadow or control else ""))
+        joined = (f", then, joined, takes part in {shadow} gradient all-reduces with zeros and {control} one-number "
+                  "all-reduces" if shadow else f", then in {control} last one-number all-reduces" if control else "")
+        parts.append(f"rank {rank} trains {iters} iterations{joined}")
     return ("The all-reduces of each rank under Join, in order, one row per rank; the k-th all-reduce of every "
-            "rank is the same collective. Each iteration makes two one-number all-reduces and one gradient "
-            "all-reduce. " + "; ".join(parts) + ", so every collective has a partner on the other rank and "
-            "nobody waits for one that never comes.")
+            f"rank is the same collective. Each iteration makes {per_iteration.count('all_reduce')} one-number "
+            f"all-reduces and {per_iteration.count('bucket')} gradient all-reduce(s). " + "; ".join(parts) +
+            ": every collective has a partner on the other rank, and nobody waits for one that never comes.")
 
 
 # --------------------------------------------------------------------------------------- crash and resume

@@ -90,8 +90,9 @@ def _join_logs():
 
 def test_join_diagram_counts_each_ranks_shadows():
     d = draw_join(_join_logs())
-    assert "rank 0 trains 3 iterations, then answers 2 gradient all-reduces with zeros and 6 one-number" in d.alt
-    assert "rank 1 trains 5 iterations, then answers 0 gradient" in d.alt
+    assert "rank 0 trains 3 iterations, then, joined, takes part in 2 gradient all-reduces with zeros and 6" in d.alt
+    assert "rank 1 trains 5 iterations, then in 2 last one-number all-reduces" in d.alt
+    assert "Each iteration makes 2 one-number all-reduces and 1 gradient all-reduce(s)" in d.alt
     with pytest.raises(ValueError, match="one non-empty log per rank"):
         draw_join([[], []])
 
