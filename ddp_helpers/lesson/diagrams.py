@@ -94,7 +94,8 @@ def _rank_lane(ax: Any, y: float, rec: Mapping[str, Any], t0: float) -> List[flo
 
 def draw_rendezvous(panels: Mapping[str, Sequence[Mapping[str, Any]]], late: Optional[int] = None,
                     timeout_s: Optional[float] = None) -> Diagram:
-    """One panel per run (title -> per rank {"start", "connected", "returned", "log"}): its rendezvous in time.
+    """One panel per run (title -> per rank {"start", "connected", "returned", "log"}; "start": when the rank began
+    to join): its rendezvous in time.
 
     "log" is a RecordingStore's log of the calls init_process_group made on the store. Per rank: connecting,
     the check-in (the rank's own address key set), each wait for another rank's address, the barrier at the end
@@ -126,7 +127,7 @@ def draw_rendezvous(panels: Mapping[str, Sequence[Mapping[str, Any]]], late: Opt
                       [f"rank {r}" for r in range(len(ranks))] + ["the store"], fontsize=8)
         ax.set_ylim(-0.7, store_y + 0.8)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("seconds since the first rank started", fontsize=8)
+        ax.set_xlabel("seconds since the first rank began to join", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     handles = [Patch(**s) for s in RDV_STYLES.values()]
     handles.append(Line2D([], [], color="black", lw=0.6, label="inside init_process_group"))

@@ -115,9 +115,9 @@ def test_holdings_diagram_adds_up_what_each_rank_holds():
 
 # ----------------------------------------------------------------------------------------- the rendezvous
 def _join(rank, world_size, port, late, group_size, timeout_s):
-    start = time.time()
     if rank == late:
         time.sleep(0.3)
+    start = time.time()
     client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
     connected = time.time()
     store = RecordingStore(client)
