@@ -1,7 +1,7 @@
 """Correct answers to notebooks/exercises/exercises.ipynb, one function per exercise (same names and signatures).
 
 Below them, other correct answers (ALTERNATIVES), written the other ways learners write them; then the same
-(PRACTICE_SOLUTIONS, PRACTICE_ALTERNATIVES) for the checked exercises of lesson notebooks 11 and 12.
+(PRACTICE_SOLUTIONS, PRACTICE_ALTERNATIVES) for the checked exercises of lesson notebooks 3b, 11 and 12.
 Check them all with:  python -m teacher.solutions
 """
 from __future__ import annotations
@@ -220,10 +220,55 @@ def replicas_agree(model: torch.nn.Module) -> bool:
     return len(set(prints)) == 1
 
 
+def bucketed_sync(model: torch.nn.Module, cap_bytes: int):
+    """Notebook 3b: DDP's buckets by hand; returns finish(), which the loop calls after backward."""
+    world_size = dist.get_world_size()
+    buckets, current, size = [], [], 0
+    for p in reversed(list(model.parameters())):  # backward produces the last layer's gradients first
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:  # closed once it reaches the cap, as DDP closes its buckets
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)  # the last, partial bucket: sent too
+    flats = [torch.zeros(sum(p.numel() for p in b)) for b in buckets]
+    slot = {}  # parameter -> (its bucket, its offset in the bucket's flat buffer)
+    for i, b in enumerate(buckets):
+        offset = 0
+        for p in b:
+            slot[p] = (i, offset)
+            offset += p.numel()
+    missing = [len(b) for b in buckets]  # gradients each bucket still waits for in this backward
+    works = {}
+
+    def hook(p):
+        i, offset = slot[p]
+        flats[i][offset:offset + p.numel()].copy_(p.grad.reshape(-1)).div_(world_size)
+        missing[i] -= 1
+        if missing[i] == 0:  # its last gradient: send the bucket while backward goes on
+            works[i] = dist.all_reduce(flats[i], async_op=True)
+
+    for p in slot:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for i, work in works.items():
+            work.wait()
+            for p in buckets[i]:
+                offset = slot[p][1]
+                p.grad.copy_(flats[i][offset:offset + p.numel()].view_as(p))
+        works.clear()
+        missing[:] = [len(b) for b in buckets]  # the next backward starts with empty buckets
+
+    return finish
+
+
 PRACTICE_SOLUTIONS = {
     "global_loss": global_loss,
     "load_checkpoint": load_checkpoint,
     "replicas_agree": replicas_agree,
+    "bucketed_sync": bucketed_sync,
 }
 
 
@@ -280,10 +325,90 @@ def replicas_agree_compare_to_rank0(model: torch.nn.Module) -> bool:
     return bool(same.item())
 
 
+class _ViewBuckets:
+    """Notebook 3b's buckets with each p.grad made a view into its bucket (DDP's gradient_as_bucket_view)."""
+
+    def __init__(self, model: torch.nn.Module, cap_bytes: int):
+        self.buckets = [[]]
+        for p in reversed(list(model.parameters())):
+            full = sum(q.numel() * q.element_size() for q in self.buckets[-1])
+            if self.buckets[-1] and full + p.numel() * p.element_size() > cap_bytes:
+                self.buckets.append([])  # this one never grows past the cap
+            self.buckets[-1].append(p)
+        self.flats = [torch.empty(sum(p.numel() for p in b)) for b in self.buckets]
+        self.place = {}
+        for i, b in enumerate(self.buckets):
+            views = self.flats[i].split([p.numel() for p in b])
+            for p, v in zip(b, views):
+                self.place[p] = (i, v.view_as(p))
+                p.register_post_accumulate_grad_hook(self.arrived)
+        self.reset()
+
+    def reset(self):
+        self.count = [0] * len(self.buckets)
+        self.next, self.works = 0, []
+
+    def arrived(self, p):
+        i, view = self.place[p]
+        view.copy_(p.grad)
+        p.grad = view  # the average lands in p.grad itself: nothing to copy back
+        self.count[i] += 1
+        while self.next < len(self.buckets) and self.count[self.next] == len(self.buckets[self.next]):
+            flat = self.flats[self.next]  # buckets leave in order, as DDP sends them
+            self.works.append(dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True))
+            self.next += 1
+
+    def finish(self):
+        for work in self.works:
+            work.wait()
+        self.reset()
+
+
+def bucketed_sync_views(model: torch.nn.Module, cap_bytes: int):
+    """Notebook 3b with a class, buckets that never pass the cap, ReduceOp.AVG and p.grad as views."""
+    return _ViewBuckets(model, cap_bytes).finish
+
+
+def bucketed_sync_futures(model: torch.nn.Module, cap_bytes: int):
+    """Notebook 3b with buckets filled as the gradients arrive (torch.cat), written back by a future's callback."""
+    params = list(model.parameters())
+    state = {"waiting": [], "size": 0, "futures": []}
+    arrived = []
+
+    def send(group):
+        flat = torch.cat([p.grad.reshape(-1) for p in group]) / dist.get_world_size()
+
+        def write_back(fut):
+            for p, chunk in zip(group, fut.value()[0].split([p.numel() for p in group])):
+                p.grad.copy_(chunk.view_as(p))
+
+        work = dist.all_reduce(flat, async_op=True)
+        state["futures"].append(work.get_future().then(write_back))
+
+    def hook(p):
+        arrived.append(p)
+        state["waiting"].append(p)
+        state["size"] += p.numel() * p.element_size()
+        if state["size"] >= cap_bytes or len(arrived) == len(params):  # full, or the last gradient of all
+            send(state["waiting"])
+            state["waiting"], state["size"] = [], 0
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        torch.futures.wait_all(state["futures"])
+        state["futures"].clear()
+        arrived.clear()
+
+    return finish
+
+
 PRACTICE_ALTERNATIVES = {
     "global_loss": [global_loss_float64, global_loss_gathered],
     "load_checkpoint": [load_checkpoint_mapping, load_checkpoint_function, load_checkpoint_broadcast],
     "replicas_agree": [replicas_agree_min_max, replicas_agree_compare_to_rank0],
+    "bucketed_sync": [bucketed_sync_views, bucketed_sync_futures],
 }
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ exercise holds its check; ``_harness`` holds what they share (running the ranks,
 ``_watch`` the recorders of what the learner's code did inside a rank, ``_compare`` the comparisons.
 
 EXERCISES are the exercise notebook's (and the nbgrader assignment's); PRACTICE_EXERCISES the checked exercises
-at the end of lesson notebooks 11 (``global_loss``, ``load_checkpoint``) and 12 (``replicas_agree``).
+at the end of lesson notebooks 3b (``bucketed_sync``), 11 (``global_loss``, ``load_checkpoint``) and 12
+(``replicas_agree``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Callable, Dict
 from ._harness import NOT_DONE, CheckResult, reset_hints, summarize
 from .accumulation import check_accumulation_step
 from .average_gradients import check_average_gradients
+from .bucketed_sync import check_bucketed_sync
 from .global_loss import check_global_loss
 from .global_mean import check_global_mean
 from .init_group import check_init_group
@@ -42,11 +44,12 @@ PRACTICE_EXERCISES: Dict[str, Callable[..., CheckResult]] = {
     "global_loss": check_global_loss,  # notebook 11
     "load_checkpoint": check_load_checkpoint,  # notebook 11
     "replicas_agree": check_replicas_agree,  # notebook 12
+    "bucketed_sync": check_bucketed_sync,  # notebook 3b
 }
 
 __all__ = [
     "EXERCISES", "NOT_DONE", "PRACTICE_EXERCISES", "CheckResult", "check_accumulation_step",
-    "check_average_gradients", "check_global_loss", "check_global_mean", "check_init_group",
+    "check_average_gradients", "check_bucketed_sync", "check_global_loss", "check_global_mean", "check_init_group",
     "check_load_checkpoint", "check_make_loader", "check_replicas_agree", "check_save_checkpoint",
     "check_shard_indices", "reset_hints", "summarize",
 ]

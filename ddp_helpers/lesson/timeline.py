@@ -9,7 +9,7 @@ dicts the parent can unpickle without torch.distributed, with times in seconds s
 # No "from __future__ import annotations": DDP checks the hook's annotations at runtime.
 import math
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,9 +43,13 @@ class Timeline:
 
     def handed(self, bucket: dist.GradBucket) -> dict:
         """Record a bucket DDP has just handed to the hook (all its gradients are ready); returns its event."""
-        event = {"index": bucket.index(), "handed": self.clock(), "returned": math.nan, "done": math.nan,
-                 "nbytes": bucket.buffer().numel() * bucket.buffer().element_size(), "is_last": bucket.is_last(),
-                 "params": [self.param_index.get(id(p), -1) for p in bucket.parameters()]}
+        return self.add_bucket(bucket.index(), bucket.buffer(), bucket.parameters(), bucket.is_last())
+
+    def add_bucket(self, index: int, buffer: torch.Tensor, params: Sequence[torch.Tensor], is_last: bool) -> dict:
+        """Record a bucket whose all-reduce starts now (DDP's, or one built by hand); returns its event."""
+        event = {"index": index, "handed": self.clock(), "returned": math.nan, "done": math.nan,
+                 "nbytes": buffer.numel() * buffer.element_size(), "is_last": is_last,
+                 "params": [self.param_index.get(id(p), -1) for p in params]}
         self._current()["buckets"].append(event)
         return event
 

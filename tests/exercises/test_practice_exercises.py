@@ -1,4 +1,4 @@
-"""The checked exercises of notebooks 11 and 12: solutions and other correct answers pass, the notebooks' blanks
+"""The checked exercises of notebooks 3b, 11 and 12: solutions and other correct answers pass, the notebooks' blanks
 say "not done yet", each typical mistake gets its own hint (a nudge first), and no hint hands over the code."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from teacher.wrong_answers import PRACTICE_WRONG  # noqa: E402
 from _hints import assert_gets_its_hint, nudge  # noqa: E402
 
 NOTEBOOKS = {"global_loss": "11_mixed_precision_and_compile", "load_checkpoint": "11_mixed_precision_and_compile",
-             "replicas_agree": "12_debugging_elastic_and_sharding"}
+             "replicas_agree": "12_debugging_elastic_and_sharding", "bucketed_sync": "03b_build_ddp_sync"}
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +96,8 @@ def test_other_correct_answers_pass(name, fn):
     assert result.passed, result.message
 
 
-@pytest.mark.parametrize("name, world_size", [("global_loss", 4), ("load_checkpoint", 3), ("replicas_agree", 4)])
+@pytest.mark.parametrize("name, world_size", [("global_loss", 4), ("load_checkpoint", 3), ("replicas_agree", 4),
+                                              ("bucketed_sync", 4)])
 def test_checks_run_at_another_world_size(name, world_size):
     result = PRACTICE_EXERCISES[name](PRACTICE_SOLUTIONS[name], quiet=True, world_size=world_size)
     assert result.passed and str(world_size) in result.hint, result.message

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-# The numbered teaching notebooks, in reading order: these also need a Summary and Exercises.
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+# The numbered teaching notebooks, in reading order: these also need a Summary and Exercises. A letter after the
+# number (03b_...) inserts a notebook after that number's without renumbering the ones after it.
+NOTEBOOKS = sorted(p for p in NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb") if re.match(r"^\d\d[a-z]?_", p.name))
 # The appendix notebooks (A1, A2, ...): outside the reading order, but held to the same structure.
 APPENDIX = sorted((NOTEBOOK_DIR / "appendix").glob("A[0-9]_*.ipynb"))
 # Every notebook under notebooks/ (subfolders included) must be stored executed and free of errors.
@@ -38,8 +39,10 @@ def _source(cell: dict) -> str:
 def test_notebooks_exist_in_reading_order():
     names = [p.name for p in NOTEBOOKS]
     assert len(names) >= 6, f"expected the six numbered notebooks in {NOTEBOOK_DIR}, found {names}"
-    numbers = [int(n[:2]) for n in names]
-    assert numbers == list(range(1, len(names) + 1)), f"notebooks must be numbered 01, 02, ... without gaps: {names}"
+    numbers = [int(n[:2]) for n in names if n[2] == "_"]
+    assert numbers == list(range(1, len(numbers) + 1)), f"notebooks must be numbered 01, 02, ... without gaps: {names}"
+    inserted = [n for n in names if n[2] != "_"]
+    assert all(int(n[:2]) in numbers for n in inserted), f"a lettered notebook follows a numbered one: {inserted}"
     assert (NOTEBOOK_DIR / "README.md").is_file(), "notebooks/README.md lists the notebooks in reading order"
 
 
@@ -79,6 +82,14 @@ def test_cells_were_executed_top_to_bottom(path: Path):
     counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and _source(c).strip()]
     assert counts == list(range(1, len(counts) + 1)), (
         f"{path.name}: execution counts {counts} are not 1, 2, 3, ...: run it top to bottom in a fresh kernel")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_id)
+def test_every_numbered_notebook_has_a_figure(path: Path):
+    """Where the prose explains a sequence, a picture stands beside it: at least one stored figure per lesson."""
+    nb = _load(path)
+    figures = sum("image/png" in out.get("data", {}) for c in nb["cells"] for out in c.get("outputs", []))
+    assert figures >= 1, f"{path.name} has no figure (no image/png output)"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS + APPENDIX, ids=_id)

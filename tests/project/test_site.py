@@ -118,6 +118,57 @@ def test_every_internal_link_and_image_resolves(site):
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:30])
 
 
+class _Images(html.parser.HTMLParser):
+    """Collects a page's <img> tags as (src, alt)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: List[Tuple[str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            a = dict(attrs)
+            self.images.append((a.get("src") or "", a.get("alt") or ""))
+
+
+def _figure_alt():
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import figure_alt
+
+    return figure_alt
+
+
+def test_alt_texts_are_read_from_the_outputs_metadata():
+    """figure_alt maps each PNG output's SHA-256 to the alt text its metadata holds; outputs without one are left."""
+    import base64
+    import hashlib
+
+    png = b"\x89PNG fake bytes"
+    data = base64.b64encode(png).decode()
+    nb = {"cells": [{"outputs": [{"data": {"image/png": data}, "metadata": {"image/png": {"alt": "a ring"}}},
+                                 {"data": {"image/png": data[:8]}, "metadata": {}}]},
+                    {"cell_type": "markdown"}]}
+    assert _figure_alt().alt_texts(nb) == {hashlib.sha256(png).hexdigest(): "a ring"}
+
+
+@pytest.mark.slow
+def test_every_diagram_keeps_its_alt_text_on_the_site(site):
+    """Each notebook output whose metadata carries alt text (a ddp_helpers Diagram) is an <img> with that alt."""
+    import json
+
+    checked, missing = 0, []
+    for name in _notebooks():
+        alts = _figure_alt().alt_texts(json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8")))
+        parser = _Images()
+        parser.feed((site / "notebooks" / f"{name}.html").read_text(encoding="utf-8"))
+        for digest, alt in alts.items():
+            checked += 1
+            if not any(digest in src and a == " ".join(alt.split()) for src, a in parser.images):
+                missing.append(f"{name}: {alt[:60]}...")
+    assert checked >= 6, f"only {checked} diagrams with alt text found in the notebooks"
+    assert not missing, "diagrams without their alt text on the site:\n" + "\n".join(missing)
+
+
 @pytest.mark.slow
 def test_nothing_is_loaded_from_the_network(site):
     """Scripts, style sheets, images and fonts all come from the site's own files (it works offline)."""

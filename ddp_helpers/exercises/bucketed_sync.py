@@ -1,0 +1,264 @@
+"""Notebook 3b's exercise, bucketed_sync(model, cap_bytes): DDP's bucketed gradient hook, built by the learner.
+
+The learner's function registers hooks on the model's parameters and returns finish(). The check runs two
+iterations on every rank (zero_grad, forward, backward, finish()) and compares each p.grad with the mean of the
+ranks' local gradients. While they run it records, for every all_reduce the learner starts: whether it was
+started during backward or in finish(), whether it was asynchronous and waited for, and which parameters' gradients
+the tensor held, in which order (read from its values against each gradient as it arrived). So a hint names what
+was done: a handle never waited for, no division, the last partial bucket never sent, buckets filled in forward
+order, the result never written back into p.grad, not the first wrong number it caused.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._compare import close
+from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
+from ._watch import unwaited, watch_all_reduce
+
+# Linear layers (in, out): 10 tensors from 3 to 144 numbers. With a cap of 140 numbers (560 bytes), the reverse of
+# model.parameters() makes 3 or more buckets of several tensors whatever the closing rule, and a partial last one.
+LAYERS = ((6, 10), (10, 12), (12, 12), (12, 8), (8, 3))
+CAP_BYTES = 560
+BATCH = 16
+ITERATIONS = 2
+
+NUDGES = {
+    "no_finish": "the exercise asks for a function back: what does the training loop call after backward?",
+    "no_all_reduce": "the ranks never combined their gradients.",
+    "unwaited": "an asynchronous all_reduce returns at once: when is its result there?",
+    "blocking": "your gradients are right, but each all_reduce held up the backward pass.",
+    "no_divide": "the ranks agree, but not on the mean.",
+    "not_written_back": "there were all_reduces, yet every p.grad is still this rank's own: where does the result "
+                        "end up?",
+    "not_flushed": "most gradients were averaged, but not all: which bucket was never sent?",
+    "stale_state": "the first backward's gradients were right, the second's were not: what does your code "
+                   "remember from one backward to the next?",
+    "wrong_value": "the gradients are not the mean over the ranks.",
+    "one_bucket": "all the gradients travelled in one all_reduce.",
+    "per_parameter": "every gradient travelled on its own.",
+    "forward_order": "the gradients are right, but look at the order of the parameters in your buckets.",
+    "after_backward": "the gradients are right, but nothing travelled while backward was running.",
+}
+
+
+def net() -> nn.Sequential:
+    """The check's model: five Linear layers with ReLUs between them, the same weights on every rank."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        layers: List[nn.Module] = []
+        for i, (a, b) in enumerate(LAYERS):
+            layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(LAYERS) - 1 else [])
+        return nn.Sequential(*layers)
+
+
+def _batch(rank: int, iteration: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * iteration + rank)
+    return torch.randn(BATCH, LAYERS[0][0], generator=g), torch.randint(0, LAYERS[-1][1], (BATCH,), generator=g)
+
+
+def _layout(t: torch.Tensor, arrived: Dict[int, torch.Tensor], world_size: int) -> Optional[List[int]]:
+    """Which parameters' gradients t holds, in its order (the arrived ones, divided by the world size or not);
+    None when its values are not a row of arrived gradients."""
+    flat, order, offset = t.detach().reshape(-1), [], 0
+    while offset < flat.numel():
+        for i, g in arrived.items():
+            seg = flat[offset:offset + g.numel()]
+            if i not in order and seg.numel() == g.numel() and (
+                    torch.allclose(seg, g, rtol=1e-5, atol=1e-9) or
+                    torch.allclose(seg * world_size, g, rtol=1e-5, atol=1e-9)):
+                order.append(i)
+                offset += g.numel()
+                break
+        else:
+            return None
+    return order
+
+
+class _Recorder:
+    """Inside a rank: each gradient as it arrives (hooks registered before the learner's) and each all_reduce."""
+
+    def __init__(self, model: nn.Module, world_size: int):
+        self.world_size, self.phase = world_size, "setup"
+        self.arrived: Dict[int, torch.Tensor] = {}
+        self.calls: List[Dict[str, Any]] = []
+        for i, p in enumerate(model.parameters()):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+
+    def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
+        """What an all_reduce's tensor is: where it was started, and the parameters it held (see _layout)."""
+        self.calls.append({"phase": self.phase, "numel": t.numel(), "n_arrived": len(self.arrived),
+                           "layout": _layout(t, self.arrived, self.world_size)})
+        return "tensor", len(self.calls) - 1
+
+
+def _grads(model: nn.Module) -> List[Optional[np.ndarray]]:
+    return [None if p.grad is None else p.grad.detach().reshape(-1).double().numpy().copy() for p in model.parameters()]
+
+
+def _iteration(model: nn.Module, local_model: nn.Module, rec: _Recorder, finish: Callable, rank: int, it: int,
+               student_fn: Callable) -> Dict[str, Any]:
+    """One iteration as a training loop runs it: zero_grad, forward, backward, finish(); what came out."""
+    x, y = _batch(rank, it)
+    local_model.zero_grad(set_to_none=True)
+    F.cross_entropy(local_model(x), y).backward()  # this rank's own gradients, no hooks: the reference
+    model.zero_grad(set_to_none=True)
+    rec.arrived.clear()
+    first_call = len(rec.calls)
+    rec.phase = "backward"
+    try:
+        F.cross_entropy(model(x), y).backward()  # the learner's hooks run in here
+    except Exception as e:  # noqa: BLE001 - an error in the learner's hook becomes a hint
+        return {"call": error_report(e, student_fn)}
+    rec.phase = "finish"
+    call = call_student(finish)
+    call.pop("value", None)
+    rec.phase = "after"
+    return {"call": call, "local": _grads(local_model), "after": _grads(model), "calls": list(range(first_call,
+                                                                                                   len(rec.calls)))}
+
+
+def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
+    """In each rank: the learner's function on the check's model, then ITERATIONS training iterations."""
+    model = net()
+    local_model = copy.deepcopy(model)
+    rec = _Recorder(model, world_size)
+    out: Dict[str, Any] = {"iterations": []}
+    with watch_all_reduce(student_fn, rec.classify) as reduced:
+        call = call_student(student_fn, model, CAP_BYTES)
+        finish = call.pop("value", None)
+        if call["status"] == "ok" and not callable(finish):
+            call = {"status": "no_finish", "type": type(finish).__name__}
+        out["call"] = call
+        if call["status"] == "ok":
+            for it in range(ITERATIONS):
+                result = _iteration(model, local_model, rec, finish, rank, it, student_fn)
+                out["iterations"].append(result)
+                if result["call"]["status"] != "ok":
+                    out["call"] = result["call"]
+                    break
+    out.update(calls=rec.calls, reduced=reduced, n_params=len(list(model.parameters())))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the parent
+def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[str]]:
+    """For each rank and parameter after iteration it: "mean", "sum", "local", "none" or "other"."""
+    local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
+    mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
+
+    def label(r: int, i: int) -> str:
+        g = outs[r]["iterations"][it]["after"][i]
+        if g is None:
+            return "none"
+        for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("local", local[r][i])):
+            if close(g, want):
+                return name
+        return "other"
+
+    return [[label(r, i) for i in range(len(mean))] for r in range(world_size)]
+
+
+def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_params: int,
+                   world_size: int) -> Optional[Verdict]:
+    """The verdict from one iteration's gradients (None when every rank holds the mean everywhere)."""
+    kinds = {lab for row in labels for lab in row}
+    if kinds == {"mean"}:
+        return None
+    if "none" in kinds:
+        return fail("wrong_value", "some p.grad was None after finish(): leave every gradient in p.grad, averaged.")
+    if kinds == {"sum"}:
+        return fail("no_divide", f"every rank holds {world_size}x the mean gradient, the sum over the ranks: "
+                                 "all_reduce adds; divide each gradient by dist.get_world_size() (before or after "
+                                 "the all_reduce).")
+    if kinds == {"local"}:
+        return fail("not_written_back", f"your code started {len(calls)} all_reduce(s) per backward, yet after "
+                                        "finish() every p.grad still held this rank's own gradient: the averaged "
+                                        "values stayed in your bucket's flat buffer. Copy each gradient's slice "
+                                        "of the bucket back into p.grad once its all_reduce is done.")
+    if kinds == {"local", "mean"}:
+        left = sorted({i for row in labels for i, lab in enumerate(row) if lab == "local"})
+        which = f"parameter {left[0]}" if len(left) == 1 else f"parameters {left}"
+        return fail("not_flushed", f"{len(left)} of {n_params} gradients ({which} of model.parameters(), whose "
+                                   "gradients backward produces last) were never averaged: no all_reduce carried "
+                                   "them. That is the last bucket, the one that never reached cap_bytes: send it "
+                                   "too, when its last gradient arrives (or in finish()).")
+    return fail("wrong_value", "after finish() the gradients were neither each rank's own nor the mean over the "
+                               "ranks: average them (sum with all_reduce, divide by the world size) and write "
+                               "them back into p.grad.")
+
+
+def _structure_verdict(calls: List[Dict[str, Any]], n_params: int) -> Optional[Verdict]:
+    """The verdict from how the right gradients travelled: buckets, their order, during backward or after."""
+    layouts = [c["layout"] for c in calls if c["layout"] is not None]
+    if len(calls) == 1:
+        return fail("one_bucket", f"one all_reduce carried all {n_params} gradients, so nothing could travel while "
+                                  "backward was still running: close a bucket once it holds cap_bytes bytes "
+                                  "(numel() * element_size() per gradient), not cap_bytes numbers.")
+    if len(calls) == n_params and all(len(lay) == 1 for lay in layouts):
+        return fail("per_parameter", f"{n_params} all_reduces per backward, one per gradient: that is step 2, not "
+                                     "buckets. Group the gradients into flat buckets of about cap_bytes.")
+    forward = [lay for lay in layouts if len(lay) > 1 and lay == sorted(lay)]
+    if forward:
+        return fail("forward_order", f"a bucket held parameters {forward[0]} of model.parameters(), in forward "
+                                     "order. Backward produces the last layer's gradients first: fill the buckets "
+                                     "from the reverse of model.parameters(), so the first bucket is full early and "
+                                     "its all_reduce overlaps the rest of backward.")
+    if all(c["phase"] == "finish" for c in calls):
+        return fail("after_backward", "every all_reduce started in finish(), after backward had returned, so none "
+                                      "of them overlapped the backward pass: start each bucket's all_reduce in the "
+                                      "hook, when its last gradient arrives.")
+    return None
+
+
+def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
+    """The verdict for one run: None when both iterations left the mean in every p.grad, sent as buckets should be."""
+    if any(o["call"]["status"] == "no_finish" for o in outs):
+        kind = next(o["call"]["type"] for o in outs if o["call"]["status"] == "no_finish")
+        return fail("no_finish", f"bucketed_sync returned {kind}, not a function: return finish, the function that "
+                                 "waits for the buckets and writes the averages into p.grad (the training loop "
+                                 "calls it after loss.backward()).")
+    student_outcomes(outs)
+    rank0 = outs[0]
+    if not rank0["reduced"]:
+        return fail("no_all_reduce", "no all_reduce was called: every rank kept its own gradients. Each bucket "
+                                     "needs one dist.all_reduce(..., async_op=True).")
+    pending = unwaited(rank0["reduced"])
+    if pending:
+        return fail("unwaited", f"{len(pending)} of the {len(rank0['reduced'])} asynchronous all_reduces on rank 0 "
+                                "were never waited for: their result is in the buffer only once the work is done, "
+                                "and your code read it before that (or never). In finish(), call .wait() on every "
+                                "work the all_reduces returned before writing the result into p.grad.")
+    for it in range(ITERATIONS):
+        calls = [rank0["calls"][k] for k in rank0["iterations"][it]["calls"]]
+        verdict = _value_verdict(_labels(outs, it, world_size), calls, rank0["n_params"], world_size)
+        if verdict is not None and it > 0 and verdict.mistake != "no_divide":
+            return fail("stale_state", "after the first backward every p.grad held the mean, after the second it did "
+                                       "not: your hooks still counted the first backward's gradients, so the "
+                                       "buckets were sent at the wrong moments or not at all. Reset what they count "
+                                       "(and the works) in finish(), so that each backward starts with empty "
+                                       "buckets.")
+        if verdict is not None:
+            return verdict
+    if any(not r["async"] for r in rank0["reduced"]):
+        return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent its "
+                                "bucket, so backward stops there: start it with async_op=True and wait in "
+                                "finish().")
+    return _structure_verdict([rank0["calls"][k] for k in rank0["iterations"][0]["calls"]], rank0["n_params"])
+
+
+@exercise("bucketed_sync", NUDGES)
+def check_bucketed_sync(student_fn: Callable, world_size: Optional[int] = None) -> str:
+    """Notebook 3b: bucketed_sync(model, cap_bytes) must average the gradients in buckets sent during backward."""
+    sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size,
+                                   hardcoded=(("no_divide", "wrong_value"), "divide by dist.get_world_size(), not a "
+                                                                           "fixed number."))
+    return (f"{ITERATIONS} backward passes left the mean gradient in every p.grad, carried in buckets filled from "
+            "the last layer back and sent while backward was running, on "
+            f"{' and on '.join(map(str, sizes))} ranks.")

@@ -1,0 +1,247 @@
+"""Diagrams of DDP's side of the mechanism: buckets overlapping backward (notebooks 3b, 7), Join's shadow
+all-reduces (notebook 10), a crashed job resumed from a checkpoint (notebook 6), and who holds what under DDP,
+ZeRO and FSDP2 (notebook 12). Each returns a diagrams.Diagram: a figure and its alt text, built from real
+records where there are any (bucket layouts, the collectives each rank made, steps and checkpoints, bytes).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from .diagrams import DPI, Diagram
+from .lesson_plots import BUCKET_COLORS
+from .plots import _color
+
+
+# ------------------------------------------------------------------------------------- buckets and overlap
+def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
+                 param_bytes: Sequence[int], rate: float) -> float:
+    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end."""
+    free = 0.0
+    for i, (b, t) in enumerate(zip(buckets, ready)):
+        start = max(t, free)  # one communication channel: a bucket waits for the one before it
+        length = sum(param_bytes[p] for p in b) * rate
+        ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=BUCKET_COLORS[i % len(BUCKET_COLORS)])
+        ax.text(start + length / 2, y, f"{i}", ha="center", va="center", fontsize=7, color="white")
+        free = start + length
+    return free
+
+
+def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[int]],
+                        names: Optional[Sequence[str]] = None, comm_per_compute: float = 1.0) -> Diagram:
+    """Schematic: the same backward with one all-reduce after it, and with buckets sent as they fill.
+
+    param_bytes: each parameter's gradient bytes, in model.parameters() order; buckets: the parameter indices of
+    each bucket, in the order they are sent (DDP's: last layer first). Backward produces the gradients in
+    reverse order, each taking time in proportion to its bytes; an all-reduce takes comm_per_compute times as
+    long per byte. Not measured: notebook 7 measures the real timeline.
+    """
+    order = [p for b in buckets for p in b]
+    if sorted(order) != list(range(len(param_bytes))):
+        raise ValueError("draw_bucket_overlap: the buckets must hold every parameter index once "
+                         f"(0 .. {len(param_bytes) - 1}); got {list(buckets)}")
+    total = float(sum(param_bytes))
+    sizes = [b / total for b in param_bytes]
+    done, t = {}, 0.0
+    for p in reversed(range(len(param_bytes))):  # backward: the last parameter's gradient first
+        t += sizes[p]
+        done[p] = t
+    fig = Figure(figsize=(8, 3.2), layout="constrained", dpi=DPI)
+    ax = fig.add_subplot()
+    ends = {}
+    for row, (label, groups) in enumerate((("one all-reduce after backward", [order]), ("buckets", buckets))):
+        y_bwd, y_comm = 3.2 - 2.2 * row, 2.5 - 2.2 * row
+        start = 0.0
+        for p in reversed(range(len(param_bytes))):
+            ax.broken_barh([(start, sizes[p])], (y_bwd - 0.3, 0.6), facecolor="#7f7f7f", edgecolor="white")
+            if names is not None and sizes[p] > 0.1:
+                ax.text(start + sizes[p] / 2, y_bwd, names[p], ha="center", va="center", fontsize=6, color="white")
+            start += sizes[p]
+        ready = [max(done[p] for p in b) for b in groups]
+        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute)
+        ax.axvline(ends[label], ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
+                   ls="--", lw=0.8)
+        ax.text(ends[label], y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
+    ax.set_yticks([3.2, 2.5, 1.0, 0.3], ["backward", "all-reduce", "backward", "all-reduces"], fontsize=8)
+    ax.set_ylim(-0.6, 4.0)
+    ax.set_xlabel("time (schematic: in proportion to the bytes of each gradient)", fontsize=8)
+    ax.set_xticks([])
+    ax.set_title(f"top: one all-reduce after backward; bottom: {len(buckets)} buckets, each sent when its last "
+                 "gradient is ready", fontsize=9)
+    handles = [Patch(color="#7f7f7f", label="backward computes one parameter's gradient (last layer first)"),
+               Patch(color=BUCKET_COLORS[0], label="a bucket's all-reduce (number: the bucket)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    first = [names[p] for p in buckets[0]] if names is not None else None
+    alt = (f"Schematic of one backward pass, twice. Top: backward computes all {len(param_bytes)} gradients, last "
+           "layer first, and only then one all-reduce sends them all, so the whole transfer adds to the step. "
+           f"Bottom: the gradients go into {len(buckets)} buckets"
+           + (f" (the first holds {', '.join(first)})" if first else "") +
+           "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes "
+           "the earlier layers, so only the last bucket's transfer is left when backward ends, and the step can "
+           f"go on sooner ({ends['buckets'] / ends['one all-reduce after backward']:.0%} of the time of the top "
+           "row in this schematic).")
+    return Diagram(fig, alt)
+
+
+# --------------------------------------------------------------------------------------------------- Join
+JOIN_STYLES = {
+    "grads": dict(color="#1f77b4", label="all-reduce of a gradient bucket"),
+    "zeros": dict(facecolor="white", edgecolor="#1f77b4", hatch="///",
+                  label="shadow: a joined rank's bucket of zeros"),
+    "control": dict(color="#bdbdbd", label="one-number all-reduce of Join or DDP (who is still training, sync?)"),
+    "control_joined": dict(facecolor="white", edgecolor="#7f7f7f", hatch="...",
+                           label="the same, answered by a joined rank"),
+}
+
+
+def _join_style(kind: str, when: Any) -> str:
+    after = when == "after"
+    if kind == "bucket":
+        return "zeros" if after else "grads"
+    return "control_joined" if after else "control"
+
+
+def draw_join(logs: Sequence[Sequence[Sequence[Any]]]) -> Diagram:
+    """Every all-reduce each rank made under Join, in order: logs[rank] = [(kind, when), ...], kind "bucket" (the
+    gradients) or "all_reduce" (one number), when the rank's loop iteration or "after" (its loop was over).
+
+    The k-th all-reduce of every rank is one collective, so the boxes of a column are matched: a line joins
+    them. A rank's boxes after its loop are its shadows of the others' iterations."""
+    if not logs or any(not log for log in logs):
+        raise ValueError("draw_join needs one non-empty log per rank: [[(kind, when), ...], ...]")
+    n = max(len(log) for log in logs)
+    gap = 1.7  # rows apart: room for the iteration labels above a row and the join mark below it
+    fig = Figure(figsize=(max(6.0, 0.36 * n + 1.8), 1.3 + 0.85 * len(logs)), layout="constrained", dpi=DPI)
+    ax = fig.add_subplot()
+    for rank, log in enumerate(logs):
+        y = (len(logs) - 1 - rank) * gap
+        for k, (kind, when) in enumerate(log):
+            style = {a: b for a, b in JOIN_STYLES[_join_style(kind, when)].items() if a != "label"}
+            ax.broken_barh([(k + 0.08, 0.84)], (y - 0.3, 0.6), **style)
+            if when != "after" and (k == 0 or log[k - 1][1] != when):
+                ax.text(k + 0.1, y + 0.36, f"iteration {when}", fontsize=6, va="bottom")
+        joined = next((k for k, (_, w) in enumerate(log) if w == "after"), None)
+        if joined is not None:
+            ax.plot([joined, joined], [y - 0.5, y + 0.5], color=_color(rank), lw=1.5)
+            ax.text(joined + 0.1, y - 0.42, f"rank {rank} has run out of batches: it joins", fontsize=6, va="top",
+                    color=_color(rank))
+    for k in range(min(len(log) for log in logs)):  # the k-th all-reduce of every rank is one collective
+        ax.plot([k + 0.5, k + 0.5], [0.3, (len(logs) - 1) * gap - 0.3], color="black", lw=0.4, alpha=0.5)
+    ax.set_yticks([r * gap for r in range(len(logs))], [f"rank {r}" for r in reversed(range(len(logs)))], fontsize=8)
+    ax.set_ylim(-0.9, (len(logs) - 1) * gap + 0.8)
+    ax.set_xlim(0, n)
+    ax.set_xlabel("the ranks' all-reduces, in the order each rank made them (a column is one collective)",
+                  fontsize=8)
+    ax.set_xticks([])
+    used = {_join_style(k, w) for log in logs for k, w in log}
+    fig.legend(handles=[Patch(**JOIN_STYLES[s]) for s in JOIN_STYLES if s in used], loc="outside lower center",
+               ncols=2, fontsize=7, frameon=False)
+    return Diagram(fig, _join_alt(logs))
+
+
+def _join_alt(logs: Sequence[Sequence[Sequence[Any]]]) -> str:
+    first = logs[0][0][1]
+    per_iteration = [k for k, w in logs[0] if w == first]
+    parts = []
+    for rank, log in enumerate(logs):
+        iters = len({w for _, w in log if w != "after"})
+        shadow = sum(k == "bucket" and w == "after" for k, w in log)
+        control = sum(k != "bucket" and w == "after" for k, w in log)
+        joined = (f", then, joined, takes part in {shadow} gradient all-reduces with zeros and {control} one-number "
+                  "all-reduces" if shadow else f", then in {control} last one-number all-reduces" if control else "")
+        parts.append(f"rank {rank} trains {iters} iterations{joined}")
+    return ("The all-reduces of each rank under Join, in order, one row per rank; the k-th all-reduce of every "
+            f"rank is the same collective. Each iteration makes {per_iteration.count('all_reduce')} one-number "
+            f"all-reduces and {per_iteration.count('bucket')} gradient all-reduce(s). " + "; ".join(parts) +
+            ": every collective has a partner on the other rank, and nobody waits for one that never comes.")
+
+
+# --------------------------------------------------------------------------------------- crash and resume
+def draw_resume(crashed_at: int, checkpoints: Sequence[int], total_steps: int, steps_per_epoch: int,
+                crashed_rank: Optional[int] = None, final_equal: Optional[bool] = None) -> Diagram:
+    """A job that crashed at step crashed_at, with checkpoints written at the given steps, resumed from the
+    latest one before the crash and run to total_steps, against the same job never interrupted; final_equal:
+    whether the two ended with bitwise equal parameters (said on the figure when given)."""
+    before = [c for c in checkpoints if c <= crashed_at]
+    if not before:
+        raise ValueError(f"draw_resume: no checkpoint at or before step {crashed_at} in {list(checkpoints)}: "
+                         "the job would restart from step 0")
+    resume = max(before)
+    fig = Figure(figsize=(8, 2.4), layout="constrained", dpi=DPI)
+    ax = fig.add_subplot()
+    rows = (("first run", 0, crashed_at, "#1f77b4"), ("resumed run", resume, total_steps, "#2ca02c"),
+            ("never interrupted", 0, total_steps, "#7f7f7f"))
+    for i, (label, a, b, color) in enumerate(rows):
+        y = 2 - i
+        ax.broken_barh([(a, b - a)], (y - 0.3, 0.6), color=color, alpha=0.85)
+    ax.broken_barh([(resume, crashed_at - resume)], (2 - 0.3, 0.6), facecolor="none", edgecolor="#d62728",
+                   hatch="///", lw=0)
+    ax.plot(checkpoints, [2] * len(checkpoints), ls="none", marker="D", ms=6, color="white", mec="black")
+    ax.plot([crashed_at], [2], marker="X", ms=11, color="#d62728")
+    who = f"rank {crashed_rank} fails" if crashed_rank is not None else "a rank fails"
+    ax.text(crashed_at + 0.6, 2.35, f"{who} at step {crashed_at}", fontsize=7, color="#d62728")
+    ax.annotate("", xy=(resume, 1.3), xytext=(resume, 1.7), arrowprops=dict(arrowstyle="-|>", color="black"))
+    ax.text(resume + 0.6, 1.45, f"loads the step-{resume} checkpoint", fontsize=7)
+    if final_equal is not None:
+        ax.text(total_steps, 0.5, "final parameters " + ("bitwise equal" if final_equal else "differ"),
+                ha="right", va="center", fontsize=7)
+    for e in range(steps_per_epoch, total_steps, steps_per_epoch):
+        ax.axvline(e, color="black", lw=0.6, ls=":")
+        ax.text(e, -0.65, f" epoch {e // steps_per_epoch}", fontsize=7)
+    ax.set_yticks([2, 1, 0], [r[0] for r in rows], fontsize=8)
+    ax.set_ylim(-0.8, 2.8)
+    ax.set_xlim(0, total_steps + 1)
+    ax.set_xlabel("optimizer step", fontsize=8)
+    handles = [Line2D([], [], ls="none", marker="D", color="white", mec="black", label="checkpoint written by rank 0"),
+               Patch(facecolor="none", edgecolor="#d62728", hatch="///", label="steps lost and redone")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    alt = (f"Three runs of the same {total_steps}-step job on one step axis. The first run writes checkpoints at "
+           f"steps {', '.join(map(str, checkpoints))} and stops when {who} at step {crashed_at}; the resumed run "
+           f"loads the checkpoint of step {resume} and trains steps {resume} to {total_steps - 1}, redoing the "
+           f"{crashed_at - resume} steps after it, and ends "
+           + ("with parameters bitwise equal to those of" if final_equal else
+              "with other parameters than" if final_equal is False else "where") +
+           " the run that was never interrupted" + (" ends." if final_equal is None else "."))
+    return Diagram(fig, alt)
+
+
+# -------------------------------------------------------------------------------------------- who holds what
+PART_COLORS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer state": "#2ca02c"}
+
+
+def draw_holdings(per_rank: Mapping[str, Sequence[Mapping[str, int]]], total: Mapping[str, int]) -> Diagram:
+    """One panel per method (name -> one rank_bytes() per rank, lesson.sharding): what each rank holds of the
+    parameters, gradients and optimizer state, stacked, against one full copy of all three (dashed)."""
+    if not per_rank or any(not ranks for ranks in per_rank.values()):
+        raise ValueError("draw_holdings needs {method: [rank_bytes() of rank 0, rank 1, ...]}, none empty")
+    missing = [p for p in PART_COLORS if p not in total]
+    if missing:
+        raise ValueError(f"draw_holdings: total lacks {missing}: give one full copy's bytes of each part")
+    full = sum(total[p] for p in PART_COLORS) / 1e6
+    fig = Figure(figsize=(2.6 * len(per_rank) + 1, 3.2), layout="constrained", dpi=DPI)
+    axes = fig.subplots(1, len(per_rank), sharey=True, squeeze=False)[0]
+    for ax, (method, ranks) in zip(axes, per_rank.items()):
+        for r, held in enumerate(ranks):
+            bottom = 0.0
+            for part, color in PART_COLORS.items():
+                mb = held.get(part, 0) / 1e6
+                ax.bar(r, mb, bottom=bottom, color=color, width=0.7)
+                bottom += mb
+        ax.axhline(full, color="black", ls="--", lw=0.8)
+        ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))], fontsize=7)
+        ax.set_title(method, fontsize=9)
+    axes[0].set_ylabel("MB held by the rank", fontsize=8)
+    handles = [Patch(color=c, label=p) for p, c in PART_COLORS.items()]
+    handles.append(Line2D([], [], color="black", ls="--", lw=0.8, label="one full copy of all three"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=7, frameon=False)
+    alt = "What each rank holds, stacked (parameters, gradients, optimizer state), against one full copy of " \
+          f"{full:.2f} MB. " + " ".join(
+              f"{method}: " + ", ".join(f"rank {r} {sum(h.get(p, 0) for p in PART_COLORS) / 1e6:.2f} MB"
+                                        for r, h in enumerate(ranks)) + "."
+              for method, ranks in per_rank.items())
+    return Diagram(fig, alt)
+
+

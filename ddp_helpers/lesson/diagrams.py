@@ -1,0 +1,250 @@
+"""Diagrams of the mechanism, drawn from what real ranks did: `Diagram` (a figure with its alt text), the
+rendezvous (notebook 1) and the ring all-reduce (notebook 5). The DDP diagrams are in ddp_diagrams.py.
+
+A Diagram shows as a PNG in Jupyter; its alt text travels with it, in the output's metadata
+({"image/png": {"alt": ...}}, which the site's docs/_ext/figure_alt.py puts on the <img>) and as its text/plain,
+what a reader without the image gets (and what nbval compares, so alt text says nothing that varies by run).
+Built without pyplot, like plots.py.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+
+from .plots import _color
+from .rendezvous import address_owner
+
+DPI = 150
+
+
+class Diagram:
+    """A drawn figure and its alt text: Jupyter shows the PNG, the alt text goes with it."""
+
+    def __init__(self, figure: Figure, alt: str):
+        if not alt or not alt.strip():
+            raise ValueError("a Diagram needs alt text: one or two sentences saying what the figure shows")
+        self.figure, self.alt = figure, " ".join(alt.split())
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes (no software version inside, so an unchanged figure gives the same bytes)."""
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=self.figure.dpi, bbox_inches="tight", metadata={"Software": None})
+        return buf.getvalue()
+
+    def _repr_png_(self) -> Tuple[bytes, Dict[str, str]]:
+        return self.png(), {"alt": self.alt}
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.alt)
+
+    def __repr__(self) -> str:
+        return self.alt
+
+    def savefig(self, *args: Any, **kwargs: Any) -> None:
+        """Save the figure (matplotlib's Figure.savefig)."""
+        self.figure.savefig(*args, **kwargs)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+# --------------------------------------------------------------------------------------------- the rendezvous
+RDV_STYLES = {
+    "connect": dict(color="#d9d9d9", label="connects to the store (a TCPStore client)"),
+    "check_in": dict(color="#2ca02c", label="checks in: sets its own address key"),
+    "wait": dict(facecolor="white", edgecolor="#1f77b4", hatch="///", label="waits for another rank's address"),
+    "barrier": dict(color="#7f7f7f", label="the barrier: adds 1 to a counter, waits for the last rank"),
+    "failed": dict(color="#d62728", label="the wait reaches the timeout: DistStoreError"),
+}
+
+
+def _rank_lane(ax: Any, y: float, rec: Mapping[str, Any], t0: float) -> List[float]:
+    """Draw one rank's rendezvous on row y; returns the times its check-in (address set) happened."""
+    bar = lambda a, b, style: ax.broken_barh([(a - t0, max(b - a, 0.004))], (y - 0.3, 0.6),  # noqa: E731
+                                              **{k: v for k, v in RDV_STYLES[style].items() if k != "label"})
+    bar(rec["start"], rec["connected"], "connect")
+    if rec.get("returned") is not None:  # a thin line: inside init_process_group, between its calls on the store
+        ax.plot([rec["connected"] - t0, rec["returned"] - t0], [y, y], color="black", lw=0.6, zorder=0)
+    set_times = []
+    for e in rec["log"]:
+        owner = address_owner(e["key"])
+        if e["failed"]:
+            bar(e["start"], e["end"], "failed")
+            ax.text(e["end"] - t0, y, f"  {e['failed']}", va="center", fontsize=7, color="#d62728")
+        elif "barrier" in e["key"]:
+            bar(e["start"], e["end"], "barrier")
+        elif e["op"] == "set" and owner is not None:
+            bar(e["start"], e["end"], "check_in")
+            set_times.append(e["start"])
+        elif e["op"] == "wait" and owner is not None and e["end"] - e["start"] > 0.02:
+            bar(e["start"], e["end"], "wait")
+            ax.text((e["start"] + e["end"]) / 2 - t0, y + 0.36, f"for rank {owner}", ha="center", fontsize=6)
+    return set_times
+
+
+def draw_rendezvous(panels: Mapping[str, Sequence[Mapping[str, Any]]], late: Optional[int] = None,
+                    timeout_s: Optional[float] = None) -> Diagram:
+    """One panel per run (title -> per rank {"start", "connected", "returned", "log"}; "start": when the rank began
+    to join): its rendezvous in time.
+
+    "log" is a RecordingStore's log of the calls init_process_group made on the store. Per rank: connecting,
+    the check-in (the rank's own address key set), each wait for another rank's address, the barrier at the end
+    of init_process_group, a wait that reached the timeout; above, the store, with an arrow from every check-in.
+    late: the rank the first run held back; timeout_s: the second run's timeout (both only for the alt text).
+    """
+    if not panels or any(not ranks for ranks in panels.values()):
+        raise ValueError("draw_rendezvous needs {title: [record of rank 0, record of rank 1, ...]}, none empty")
+    heights = [len(r) + 1.3 for r in panels.values()]
+    fig = Figure(figsize=(8, 1.3 + 0.42 * sum(heights)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (title, ranks) in zip(axes, panels.items()):
+        t0 = min(r["start"] for r in ranks)
+        store_y = len(ranks) + 0.2
+        ax.axhline(store_y, color="black", lw=2.5)
+        for rank, rec in enumerate(ranks):
+            y = len(ranks) - 1 - rank
+            for t in _rank_lane(ax, y, rec, t0):
+                ax.add_patch(FancyArrowPatch((t - t0, y + 0.3), (t - t0, store_y - 0.05), arrowstyle="-|>",
+                                             mutation_scale=8, color=RDV_STYLES["check_in"]["color"], lw=0.8))
+            if rec.get("returned") is not None and not any(e["failed"] for e in rec["log"]):
+                ax.plot([rec["returned"] - t0], [y], marker="|", ms=14, color=_color(rank), mew=2)
+        done = [r["returned"] for r in ranks if r.get("returned") is not None and not any(e["failed"] for e in r["log"])]
+        if done:
+            ax.axvline(max(done) - t0, color="black", lw=0.8, ls="--")
+            ax.text(max(done) - t0, store_y + 0.35, "every rank has left init_process_group ", ha="right",
+                    fontsize=7)
+        ax.set_yticks([len(ranks) - 1 - r for r in range(len(ranks))] + [store_y],
+                      [f"rank {r}" for r in range(len(ranks))] + ["the store"], fontsize=8)
+        ax.set_ylim(-0.7, store_y + 0.8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("seconds since the first rank began to join", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    handles = [Patch(**s) for s in RDV_STYLES.values()]
+    handles.append(Line2D([], [], color="black", lw=0.6, label="inside init_process_group"))
+    handles.append(Line2D([], [], marker="|", ls="none", ms=10, mew=2, color="black",
+                          label="init_process_group returns"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    return Diagram(fig, _rendezvous_alt(panels, late, timeout_s))
+
+
+def _rendezvous_alt(panels: Mapping[str, Sequence[Mapping[str, Any]]], late: Optional[int],
+                    timeout_s: Optional[float]) -> str:
+    parts = []
+    for title, ranks in panels.items():
+        failed = sorted({e["failed"] for r in ranks for e in r["log"] if e["failed"]})
+        n = len(ranks)
+        if failed:
+            missing = sorted({address_owner(e["key"]) for r in ranks for e in r["log"] if e["failed"]} - {None})
+            parts.append(f"{title}: {n} ranks started; each checks in and waits for the address of "
+                         f"{_ranks_text(missing) if missing else 'a missing rank'}, which never comes, until the "
+                         f"{'timeout' if timeout_s is None else f'{timeout_s:g} s timeout'}, when "
+                         f"init_process_group raises {', '.join(failed)}.")
+        else:
+            held = f" {_ranks_text([late])} was held back before it connected, so the others wait for its address;" \
+                if late is not None else ""
+            parts.append(f"{title}: {n} ranks, one lane each under the store. Each connects to the store, checks "
+                         "in by setting its own address key (an arrow to the store) and waits for every other "
+                         f"rank's key;{held} then each adds 1 to the barrier's counter and waits for the last rank, "
+                         "and all of them leave init_process_group together.")
+    return "Timeline of the rendezvous, from the calls real ranks made on the store. " + " ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ the ring all-reduce
+def _contributors(value: float, start: np.ndarray, chunk: int) -> Optional[Tuple[int, ...]]:
+    """The ranks whose starting chunk values add up to value (None if no subset does): who is in a partial sum."""
+    w = start.shape[0]
+    for k in range(1, w + 1):
+        for subset in itertools.combinations(range(w), k):
+            if np.isclose(start[list(subset), chunk].sum(), value, rtol=1e-6, atol=1e-9):
+                return subset
+    return None
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
+
+
+def ring_received(step: int, rank: int, world_size: int) -> Optional[int]:
+    """The chunk rank received in step (1 .. 2(W-1)) of the ring: reduce-scatter, then all-gather; None at 0."""
+    if step == 0:
+        return None
+    if step < world_size:  # reduce-scatter step s: chunk (r - s) from the left, added to its own
+        return (rank - step) % world_size
+    return (rank - (step - world_size + 1) + 1) % world_size  # all-gather: a finished chunk, copied
+
+
+def draw_ring(history: Sequence[Sequence[Sequence[float]]]) -> Diagram:
+    """The ring all-reduce as real ranks held it: history[rank][step][chunk], step 0 the start, then the W-1
+    reduce-scatter steps and the W-1 all-gather steps. Each box is one chunk's value; its colour counts the
+    ranks whose values it sums; the chunk a rank received in that step has a thick edge and an arrow from
+    its left neighbour."""
+    h = np.asarray(history, dtype=float)
+    if h.ndim != 3 or h.shape[1] != 2 * h.shape[0] - 1 or h.shape[2] != h.shape[0]:
+        raise ValueError("draw_ring needs history[rank][step][chunk] with W ranks, 2W-1 steps (the start, W-1 "
+                         f"reduce-scatter, W-1 all-gather) and W chunks; got shape {h.shape}")
+    w, steps = h.shape[0], h.shape[1]
+    start = h[:, 0, :]
+    shades = ["#f7fbff", "#c6dbef", "#6baed6", "#2171b5", "#08306b", "#08306b", "#08306b", "#08306b"]
+    fig = Figure(figsize=(2.2 * w + 1.6, 0.62 * steps + 1.6), layout="constrained", dpi=DPI)
+    ax = fig.add_subplot()
+    for s in range(steps):
+        y = steps - 1 - s
+        for r in range(w):
+            x0 = r * (w + 1)
+            got = ring_received(s, r, w)
+            for c in range(w):
+                who = _contributors(h[r, s, c], start, c)
+                n = len(who) if who else 0
+                ax.add_patch(Rectangle((x0 + c, y + 0.1), 0.92, 0.8, facecolor=shades[min(n, len(shades) - 1)],
+                                       edgecolor="black", lw=2.2 if c == got else 0.5))
+                ax.text(x0 + c + 0.46, y + 0.5, _fmt(h[r, s, c]), ha="center", va="center", fontsize=7,
+                        color="white" if n * 2 > w else "black")
+            if got is not None:
+                src = (r - 1) % w
+                # From the sender's box one row up; round the ring (last rank -> rank 0) from the left margin.
+                tail = (src * (w + 1) + got + 0.46, y + 0.95) if src < r else (x0 - 0.55, y + 1.0)
+                ax.add_patch(FancyArrowPatch(tail, (x0 + got + 0.46, y + 0.92), arrowstyle="-|>", mutation_scale=7,
+                                             lw=0.7, color="#d62728", connectionstyle="arc3,rad=-0.25", alpha=0.8))
+                if src > r:
+                    ax.text(x0 - 0.55, y + 1.0, f"from rank {src} ", ha="right", va="center", fontsize=5,
+                            color="#d62728")
+    labels = ["start"] + [f"reduce-scatter {s}" for s in range(1, w)] + [f"all-gather {s}" for s in range(1, w)]
+    ax.set_yticks([steps - 1 - s + 0.5 for s in range(steps)], labels, fontsize=8)
+    ax.set_xticks([r * (w + 1) + w / 2 for r in range(w)], [f"rank {r}\n(chunks 0-{w - 1})" for r in range(w)],
+                  fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_xlim(-1.5, w * (w + 1) - 0.7)
+    ax.set_ylim(-0.1, steps + 0.1)
+    for side in ("right", "bottom", "left", "top"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(length=0)
+    handles = [Patch(facecolor=shades[k], edgecolor="black", lw=0.5,
+                     label=("one rank's value" if k == 1 else f"sum of {k} ranks' values")
+                     + (" (complete)" if k == w else "")) for k in range(1, w + 1)]
+    handles.append(Line2D([], [], color="#d62728", lw=0.8, label="received from the left neighbour (thick box)"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=7, frameon=False)
+    return Diagram(fig, _ring_alt(h))
+
+
+def _ring_alt(h: np.ndarray) -> str:
+    w = h.shape[0]
+    owned = [next((c for c in range(w) if _contributors(h[r, w - 1, c], h[:, 0, :], c) == tuple(range(w))), None)
+             for r in range(w)]
+    final = ", ".join(_fmt(v) for v in h[0, -1, :])
+    return (f"Ring all-reduce of a {w}-chunk tensor on {w} ranks, drawn from the values the ranks held after each "
+            f"step: rows are the start, {w - 1} reduce-scatter steps and {w - 1} all-gather steps, one group of "
+            f"{w} boxes per rank. In each reduce-scatter step every rank sends one chunk to its right neighbour and "
+            f"adds the chunk it receives from its left, so the sums grow by one rank per step; after them "
+            + ", ".join(f"rank {r} holds the complete sum of chunk {c}" for r, c in enumerate(owned)) + ". In the "
+            f"all-gather steps the complete chunks travel on round the ring and overwrite the partial ones, until "
+            f"every rank holds [{final}].")
