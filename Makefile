@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth faults lab notebooks site clean
+.PHONY: env demo test test-unit test-notebooks test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth bench-restart faults lab notebooks site clean
 
 env: $(STAMP)
 
@@ -91,6 +91,9 @@ bench-threads: env
 
 bench-warmth: env
 	$(PY) benchmarks/step_warmth.py --markdown
+
+bench-restart: env
+	$(PY) benchmarks/kernel_restart.py --markdown
 
 faults: env
 	$(PY) benchmarks/fault_detection.py

@@ -35,7 +35,11 @@ def _own_multiprocessing_dir() -> None:
 
 
 def prepare_forkserver() -> None:
-    """Name the launcher and the preload list; both take effect when the server starts (once per process)."""
+    """Name the launcher and the preload list; both take effect when the server starts (once per process). In a
+    Jupyter kernel, the server and the resource tracker are ended first when the kernel shuts down."""
+    from .kernel_hooks import end_helpers_before_kernel_shutdown
+
+    end_helpers_before_kernel_shutdown()
     _own_multiprocessing_dir()
     ctx = multiprocessing.get_context("forkserver")
     os.environ["DDP_HELPERS_LAUNCHER_PID"] = str(os.getpid())  # the server's preload checks it is ours (inherited)

@@ -269,3 +269,8 @@ def test_launch_overhead_prints_a_row_per_world_size(monkeypatch, capsys):
 def test_launch_overhead_refuses_bad_counts(monkeypatch, capsys):
     code, err = _refusal("launch_overhead.py", ["--calls", "0"], monkeypatch, capsys)
     assert code == 2 and "--calls must be at least 1" in err, err
+
+
+def test_kernel_restart_refuses_bad_counts(monkeypatch, capsys):
+    code, _, err = _in_process("kernel_restart.py", ["--rounds", "0"], monkeypatch, capsys)
+    assert code == 2 and "--rounds" in err
