@@ -88,8 +88,12 @@ def main(args):
     trainset = datasets.MNIST(filepath, train=True, transform=transform)  # already there: no download
     testset = datasets.MNIST(filepath, train=False, transform=transform)  # to measure the result
     sampler = DistributedSampler(trainset)  # shuffles; each rank its own 1/world_size of the data, not all
-    # No workers: they would be more processes per rank, competing with the ranks for the cores.
-    train_loader = DataLoader(trainset, batch_size=64, sampler=sampler)
+    # Loader workers turn samples into tensors (PIL, ToTensor, Normalize) while the rank trains. On a GPU that is
+    # what keeps it fed; on a CPU with no spare cores (ranks x (1 + workers) processes on a few cores) they only
+    # compete with the ranks, and the rank does that work better itself.
+    workers = 2 if use_gpu else 0
+    train_loader = DataLoader(trainset, batch_size=64, sampler=sampler, num_workers=workers, pin_memory=use_gpu,
+                              persistent_workers=workers > 0)
     model = nn.Sequential(Flatten(), nn.Linear(784, 10)).to(device)
     model = DistributedDataParallel(model, device_ids=[local_rank] if use_gpu else None)  # none on CPU
     criterion = nn.CrossEntropyLoss()

@@ -120,6 +120,16 @@ def shard_indices_blocks(n: int, rank: int, world_size: int, epoch: int, seed: i
     return perm[rank * per_rank:(rank + 1) * per_rank]
 
 
+def shard_indices_forked_rng(n: int, rank: int, world_size: int, epoch: int, seed: int) -> list:
+    """Exercise 3 with torch's global generator, seeded inside fork_rng, which restores its state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + epoch)
+        perm = torch.randperm(n).tolist()
+    per_rank = -(-n // world_size)
+    perm += perm[: per_rank * world_size - n]
+    return perm[rank::world_size]
+
+
 def make_loader_from_the_group(dataset, rank: int, world_size: int, batch_size: int, epoch: int) -> DataLoader:
     """Exercise 4 with the sampler's defaults: rank and world size read from the process group."""
     sampler = DistributedSampler(dataset)
@@ -190,7 +200,7 @@ def save_checkpoint_mkstemp(ddp_model, optimizer, step: int, path: str) -> None:
 
 ALTERNATIVES = {
     "global_mean": [global_mean_avg, global_mean_on_a_copy],
-    "shard_indices": [shard_indices_blocks],
+    "shard_indices": [shard_indices_blocks, shard_indices_forked_rng],
     "make_loader": [make_loader_from_the_group],
     "average_gradients": [average_gradients_avg, average_gradients_flat, average_gradients_async],
     "accumulation_step": [accumulation_step_exit_stack, accumulation_step_backward_outside],
@@ -285,6 +295,13 @@ def global_loss_gathered(local_loss: torch.Tensor, n_samples: int) -> float:
     pairs = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(pairs, mine)
     return sum(p[0] * p[1] for p in pairs).item() / sum(p[1] for p in pairs).item()
+
+
+def global_loss_gathered_objects(local_loss: torch.Tensor, n_samples: int) -> float:
+    """Notebook 11 with one all_gather_object of (loss x samples, samples) pairs: one call, two all_gathers."""
+    pairs = [None] * dist.get_world_size()
+    dist.all_gather_object(pairs, (local_loss.item() * n_samples, n_samples))
+    return sum(total for total, _ in pairs) / sum(n for _, n in pairs)
 
 
 def load_checkpoint_mapping(path: str, device: torch.device) -> dict:
@@ -405,7 +422,7 @@ def bucketed_sync_futures(model: torch.nn.Module, cap_bytes: int):
 
 
 PRACTICE_ALTERNATIVES = {
-    "global_loss": [global_loss_float64, global_loss_gathered],
+    "global_loss": [global_loss_float64, global_loss_gathered, global_loss_gathered_objects],
     "load_checkpoint": [load_checkpoint_mapping, load_checkpoint_function, load_checkpoint_broadcast],
     "replicas_agree": [replicas_agree_min_max, replicas_agree_compare_to_rank0],
     "bucketed_sync": [bucketed_sync_views, bucketed_sync_futures],

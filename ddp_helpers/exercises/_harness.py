@@ -10,15 +10,15 @@ import dis
 import functools
 import linecache
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..engine.config import ConfigError
-from ..ranks.launcher import LaunchError, RankFailedError, launch, raised_in_collective
+from ..ranks.launcher import LaunchError, RankFailedError, launch
 from ._display import VerdictView, show
+from ._errors import error_report, refused_text
 
 # The learner's functions live in notebook cells: the launcher sends them to the ranks by value (cloudpickle),
 # so the checks use its default start method (a forkserver with torch preloaded, or spawn). Every check
@@ -104,7 +104,7 @@ def fail(mistake: str, hint: str, nudge: str = "") -> Verdict:
 # The count lives in this process, i.e. in the notebook's kernel: restarting the kernel starts over.
 AGAIN = "Run the check again for the exact mistake."
 # Mistakes whose specific text is only a fact about the learner's run (an error, a hang), never an answer.
-NO_NUDGE = {NOT_DONE, "not_callable", "error", "timeout", "rank_died", "cannot_launch"}
+NO_NUDGE = {NOT_DONE, "not_callable", "error", "refused_call", "timeout", "rank_died", "cannot_launch"}
 COMMON_NUDGES = {
     "hardcoded_world_size": "right on 2 ranks but wrong on another number of ranks: is a number of ranks written "
                             "into your code?",
@@ -209,16 +209,6 @@ def exercise(name: str, nudges: Optional[Dict[str, str]] = None
 
 
 # ----------------------------------------------------------------------------------------------- inside a rank
-def _where(exc: BaseException, fn: Callable) -> Optional[Tuple[str, int]]:
-    """(file, line number) of the deepest frame of the learner's function in exc's traceback, else None."""
-    code = getattr(fn, "__code__", None)
-    found = None
-    for frame, lineno in traceback.walk_tb(exc.__traceback__):
-        if code is not None and frame.f_code.co_filename == code.co_filename:
-            found = (frame.f_code.co_filename, lineno)
-    return found
-
-
 def _where_text(where: Any, source_file: Optional[str]) -> str:
     """' at `<source line>`' for a (file, line) from a rank, read here: a notebook cell's source is in this
     kernel's linecache, not in a rank started from a clean server, and a function sent by value (cloudpickle)
@@ -240,13 +230,6 @@ def _locate_errors(out: Any, source_file: Optional[str]) -> Any:
 
 def _source_file(args: tuple) -> Optional[str]:
     return next((a.__code__.co_filename for a in args if hasattr(a, "__code__")), None)
-
-
-def error_report(e: BaseException, fn: Callable) -> Dict[str, Any]:
-    """An error raised in a rank as data: type, first line, where in fn, and whether it only says a peer was lost."""
-    text = str(e).strip()
-    return {"status": "error", "type": type(e).__name__, "message": text.splitlines()[0][:300] if text else "",
-            "where": _where(e, fn), "comm": raised_in_collective(e)}
 
 
 def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
@@ -367,6 +350,10 @@ def student_outcomes(outs: Sequence[Optional[Dict[str, Any]]], key: str = "call"
                        "`if rank == 0:`.")
         r = min(own)
         c = own[r]
+        if c.get("refused"):  # torch refused the learner's own call: the call, the argument, the fix
+            alike = len(own) == len(calls) > 1 and all(o.get("refused") and o["type"] == c["type"]
+                                                        for o in own.values())
+            raise fail("refused_call", refused_text(c, "every rank" if alike else f"rank {r}"))
         raise fail("error", f"your function raised {c['type']} on rank {r}{c['where']}: {c['message']}")
     return list(calls.values())
 
@@ -377,11 +364,12 @@ HARDCODED_FIX = "divide by dist.get_world_size(), not a fixed 2."
 def check_on_2_and_3_ranks(harness: Callable, diagnose: Callable, student_fn: Callable,
                            world_size: Optional[int] = None,
                            hardcoded: Tuple[Sequence[str], str] = (("no_divide", "divided_twice", "wrong_value"),
-                                                                   HARDCODED_FIX)) -> Tuple[int, ...]:
-    """Run on 2 ranks, then on 3 (or on world_size only): an answer right on 2 but wrong on 3 has the world size
-    hard-coded. hardcoded: the mistakes on 3 ranks that mean that, and what to do instead. Returns the world
-    sizes it ran."""
-    sizes = (2, 3) if world_size is None else (world_size,)
+                                                                   HARDCODED_FIX),
+                           sizes: Tuple[int, ...] = (2, 3)) -> Tuple[int, ...]:
+    """Run on 2 ranks, then on 3 (or on the sizes given, or on world_size only): an answer right on 2 but wrong
+    on more has the world size hard-coded. hardcoded: the mistakes on more ranks that mean that, and what to do
+    instead. Returns the world sizes it ran."""
+    sizes = sizes if world_size is None else (world_size,)
     codes, fix = hardcoded
     for k, size in enumerate(sizes):
         verdict = diagnose(run_ranks(harness, size, (student_fn,)), size)

@@ -57,7 +57,8 @@ def watch_all_reduce(student_fn: Callable, classify: Classify) -> Iterator[List[
 
     def watched(*args: Any, **kwargs: Any) -> Any:
         a = signature.bind(*args, **kwargs).arguments
-        kind, index = classify(a["tensor"])
+        # anything but a tensor: all_reduce's own check refuses it below, and that error is the learner's to see
+        kind, index = classify(a["tensor"]) if isinstance(a.get("tensor"), torch.Tensor) else ("not_a_tensor", None)
         record = {"tensor": kind, "index": index, "op": _op_name(a.get("op", dist.ReduceOp.SUM)),
                   "async": bool(a.get("async_op", False)), "waited": False}
         records.append(record)

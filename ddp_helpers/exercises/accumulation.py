@@ -40,6 +40,8 @@ NUDGES = {
     "zero_grad_inside": "not every micro-batch's gradient made it into the step: where do gradients get reset?",
     "missing_backward": "not every micro-batch's gradient made it into the step: did each one get a backward?",
     "wrong_update": "the update is not one step on the mean loss of all the micro-batches.",
+    "divided_by_world_size": "the update has the right direction but the wrong size: what does DDP's all-reduce "
+                             "already do to the gradients?",
 }
 
 
@@ -218,6 +220,9 @@ def _judge_update(s: _Story, used: Sequence[np.ndarray], world_size: int) -> str
     if rel_close(used[0], expected * ACC_MICRO):
         raise fail("loss_not_scaled", f"the update is {ACC_MICRO}x too large: divide each micro-batch's loss by "
                                       "the number of micro-batches (len(micro_batches)) before backward().")
+    by_ranks = _divided_by_world_size(used[0], expected, world_size)
+    if by_ranks is not None:
+        raise by_ranks
     lost = _lost_micro_batches(s)
     if lost is not None:
         raise lost
@@ -232,6 +237,20 @@ def _judge_update(s: _Story, used: Sequence[np.ndarray], world_size: int) -> str
     raise fail("wrong_update", "the update differs from one SGD step on the mean gradient of all micro-batches "
                                "of all ranks. Compare it with the one-process recipe: how often are the gradients "
                                "reset, how is each micro-batch's loss weighted, how many steps are taken?")
+
+
+def _divided_by_world_size(used: np.ndarray, expected: np.ndarray, world_size: int) -> Optional[Verdict]:
+    """The verdict for a loss divided by the world size, too or instead of by the number of micro-batches."""
+    avg = "DDP's all-reduce already averages the gradients over the ranks (it divides their sum by the world size)"
+    if rel_close(used, expected / world_size):
+        return fail("divided_by_world_size", f"the update is {world_size}x too small: you divided each "
+                                             "micro-batch's loss by the world size as well as by the number of "
+                                             f"micro-batches, but {avg}. Divide by len(micro_batches) only.")
+    if rel_close(used, expected * ACC_MICRO / world_size):
+        return fail("divided_by_world_size", f"the update is {ACC_MICRO}/{world_size} of the right one: you divided "
+                                             "each micro-batch's loss by the world size instead of by the number of "
+                                             f"micro-batches, but {avg}. Divide by len(micro_batches) instead.")
+    return None
 
 
 @exercise("accumulation_step", NUDGES)

@@ -1,12 +1,18 @@
 """Notebook 11's exercise, global_loss(local_loss, n_samples): the mean loss over every sample of every rank,
-weighted by each rank's samples, with one collective, the caller's tensor left alone."""
+weighted by each rank's samples, with one collective, the caller's tensor left alone.
+
+Besides the learner's own torch.distributed calls, each rank records the c10d collectives they ran (a call like
+all_gather_object runs two all_gathers), so that the PASS line says what the answer sent.
+"""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
+from ..lesson.comms import CommRecorder
 from ._compare import close
 from ._harness import Verdict, call_student, check_on_2_and_3_ranks, exercise, fail, student_outcomes
 from ._watch import watch_collectives
@@ -33,7 +39,16 @@ NUDGES = {
     "changed_input": "right value, but look at the caller's local_loss after your function returns.",
     "ranks_differ": "the ranks don't agree on the result: do they all run the same steps?",
     "wrong_value": "every rank got the same number, but not the mean loss of all the samples.",
+    "reduced_to_one": "one rank got the right number and the others did not: which ranks receive the result of your "
+                      "collective?",
 }
+# The collectives that deliver their result to one rank (dst) only.
+TO_ONE_RANK = ("reduce", "gather", "gather_object")
+# c10d's op names (what the ranks ran) as the torch.distributed calls a learner knows.
+_WIRE_NAMES = {"allreduce_": "all_reduce", "allgather_": "all_gather", "_allgather_base_": "all_gather",
+               "allgather_into_tensor_coalesced_": "all_gather", "broadcast_": "broadcast", "reduce_": "reduce",
+               "gather_": "gather", "scatter_": "scatter", "reduce_scatter_": "reduce_scatter",
+               "_reduce_scatter_base_": "reduce_scatter", "alltoall_base_": "all_to_all", "barrier": "barrier"}
 
 
 def _loss(rank: int) -> float:
@@ -59,11 +74,12 @@ def _as_numbers(value: Any) -> Any:
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
     """In each rank: the learner's function on this rank's loss and count (its collectives recorded), the loss after."""
     local_loss = torch.tensor(_loss(rank))  # float32, 0-dim: what `loss.detach()` is in a training loop
-    with watch_collectives(student_fn) as calls:
+    with watch_collectives(student_fn) as calls, CommRecorder() as wire:
         call = call_student(student_fn, local_loss, _count(rank))
     if call["status"] == "ok":
         call["value"] = _as_numbers(call["value"])
-    return {"call": call, "input_after": local_loss.item(), "collectives": calls}
+    return {"call": call, "input_after": local_loss.item(), "collectives": calls,
+            "wire": [_WIRE_NAMES.get(c["op"], c["op"].strip("_")) for c in wire.calls]}
 
 
 def _listed(counts: np.ndarray) -> str:
@@ -104,6 +120,16 @@ def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
         return fail("rank_local", f"each rank returned a number of its own{own} and your function called no "
                                   "collective: the global loss needs every rank's losses and sample counts, "
                                   "combined with an all_reduce.")
+    to_one = [c["op"] for c in colls if c["op"] in TO_ONE_RANK]
+    right = [r for r, v in enumerate(vals) if close(v, weighted)]
+    if to_one and right and len(right) < len(vals):
+        wrong = next(r for r in range(len(vals)) if r not in right)
+        return fail("reduced_to_one", f"rank {right[0]} got the mean loss of all the samples ({weighted:.4g}), but "
+                                      f"rank {wrong} got {vals[wrong]:.4g}: dist.{to_one[0]} delivers its result to "
+                                      "one rank (dst) only, and leaves the others' tensors holding whatever the "
+                                      "reduction left there. Every rank needs the global loss (any rank may log it, "
+                                      "and a rank that acts on it, to stop early say, must act as the others do): "
+                                      "all_reduce leaves the sum on every rank.")
     if all(close(v, vals[0]) for v in vals):
         return _same_wrong_value(vals[0], losses, counts, colls)
     if all(close(v, total / counts[r]) for r, v in enumerate(vals)):
@@ -157,12 +183,30 @@ def _same_wrong_value(v: float, losses: np.ndarray, counts: np.ndarray, colls: L
                                "(the sum of loss x n_samples over the ranks, divided by the sum of n_samples).")
 
 
+def _ran(out: Dict[str, Any]) -> str:
+    """'with one all_reduce', or 'with one collective call, all_gather_object, which torch ran as 2 all_gathers
+    (...)': what a rank that passed called, and the collectives that call ran."""
+    call = out["collectives"][0]["op"]
+    wire = out["wire"]
+    if wire == [call]:
+        return f"with one {call}"
+    ran = ", ".join(f"{n} {op}{'s' * (n > 1)}" for op, n in Counter(wire).items())
+    why = " (each rank's pickled size, then the pickled bytes)" if call.endswith(("_object", "_object_list")) else ""
+    return f"with one collective call, {call}, which torch ran as {ran}{why}"
+
+
 @exercise("global_loss", NUDGES)
 def check_global_loss(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Notebook 11: global_loss(local_loss, n_samples) must return the mean loss of all samples, on every rank."""
-    sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size,
+    runs: List[List[Dict[str, Any]]] = []
+
+    def diagnose(outs: List[Dict[str, Any]], size: int) -> Optional[Verdict]:
+        runs.append(outs)
+        return _diagnose(outs, size)
+
+    sizes = check_on_2_and_3_ranks(_in_rank, diagnose, student_fn, world_size,
                                    hardcoded=(("wrong_value", "unweighted", "divided_by_world_size"),
                                               "is a number of ranks or samples written into your code? The "
                                               "totals come from the all_reduce."))
-    return (f"every rank gets the mean loss of all the samples, weighted by each rank's count, with one collective, "
+    return (f"every rank gets the mean loss of all the samples, weighted by each rank's count, {_ran(runs[-1][0])}, "
             f"on {' and on '.join(map(str, sizes))} ranks.")

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from ..ranks.placement import free_port
-from ._harness import (COLLECTIVE_TIMEOUT_S, Mistake, RankReport, call_student, error_report, exercise, fail,
-                       run_ranks, student_outcomes, swap_globals)
+from ._errors import error_report
+from ._harness import (COLLECTIVE_TIMEOUT_S, Mistake, RankReport, call_student, exercise, fail, run_ranks,
+                       student_outcomes, swap_globals)
 
 WORLD_SIZE = 2
 PORT_ATTEMPTS = 3  # the free port we picked can be taken by another program before rank 0 binds it

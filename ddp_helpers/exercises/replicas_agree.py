@@ -1,9 +1,11 @@
 """Notebook 12's exercise, replicas_agree(model): True on every rank when every rank's parameters are bitwise equal
 to every other rank's, False on every rank otherwise.
 
-The last rank's model differs from the others' in each case but the first, by less and less: a lot, two values
-swapped (the same sum and norm: the values are multiples of 1/64, so every float sum of them is exact), one bit
-of one value, and only in the last parameter. Each case catches one way of comparing less than every bit.
+One rank's model differs from the others' in each case but the first, by less and less: a lot (the last rank's,
+then a middle rank's, so that comparing only the first and the last rank shows), two values swapped (the same
+sum and norm: the values are multiples of 1/64, so every float sum of them is exact), one bit of one value, and
+only in the last parameter. Each case catches one way of comparing less than every bit, or fewer than every
+rank. The check runs on 2, 3 and 4 ranks.
 """
 from __future__ import annotations
 
@@ -33,7 +35,10 @@ NUDGES = {
                "comparison round?",
     "some_params": "one rank's parameters differed in one place only, and your function missed it: does it look at "
                    "every parameter?",
+    "some_ranks": "one rank's parameters differed clearly, and your function missed it: which ranks does it "
+                  "compare?",
 }
+SIZES = (2, 3, 4)  # a middle rank exists from 3 ranks on
 QUANTUM = 64  # the parameters are multiples of 1 / QUANTUM, at most 1/2 in size: sums and squares are exact
 _TOLERANT = ((torch, "allclose"), (torch, "isclose"), (torch.Tensor, "allclose"), (torch.Tensor, "isclose"),
              (np, "allclose"), (np, "isclose"), (math, "isclose"), (torch.testing, "assert_close"))
@@ -75,9 +80,15 @@ def _last_param(model: nn.Module) -> None:
         model[2].bias.view(-1)[0] += 0.5
 
 
-# case -> (what the last rank's model gets, the right answer)
-CASES = {"same": (lambda m: None, True), "far": (_far, False), "swapped": (_swapped, False),
-         "one_bit": (_one_bit, False), "last_param": (_last_param, False)}
+# case -> (what the odd rank's model gets, the right answer, which rank is odd: "last" or "middle")
+CASES = {"same": (lambda m: None, True, "last"), "far": (_far, False, "last"), "far_middle": (_far, False, "middle"),
+         "swapped": (_swapped, False, "last"), "one_bit": (_one_bit, False, "last"),
+         "last_param": (_last_param, False, "last")}
+
+
+def odd_rank(case: str, world_size: int) -> int:
+    """The rank whose model differs in this case: the last, or a middle one (rank 1 of 3, rank 2 of 4)."""
+    return world_size - 1 if CASES[case][2] == "last" else world_size // 2
 
 
 @contextlib.contextmanager
@@ -112,9 +123,9 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
     """In each rank: the learner's function on each case's model (the last rank's differs), what it called."""
     out: Dict[str, Any] = {}
     with watch_collectives(student_fn) as collectives, _watch_tolerance(student_fn) as tolerant:
-        for case, (change, _) in CASES.items():
+        for case, (change, _, _) in CASES.items():
             model, n_coll, n_tol = replica(), len(collectives), len(tolerant)
-            if rank == world_size - 1:
+            if rank == odd_rank(case, world_size):
                 change(model)
             call = call_student(student_fn, model)
             if call["status"] == "ok":
@@ -131,14 +142,14 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
 def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
     """The verdict for one run: the first case some rank got wrong (None when every rank was right in all)."""
     student_outcomes(outs)
-    for case, (_, expected) in CASES.items():
+    for case, (_, expected, _) in CASES.items():
         vals = [o[case]["value"] for o in outs]
         odd = next((v for v in vals if not isinstance(v, bool)), None)
         if odd is not None:
             return fail("wrong_type", f"your function returned a {odd}: return True or False (a bool), the same on "
                                       "every rank.")
         if any(v != expected for v in vals):
-            return _case_verdict(case, vals, outs[0][case], world_size - 1)
+            return _case_verdict(case, vals, outs[0][case], odd_rank(case, world_size), world_size)
     return None
 
 
@@ -149,8 +160,9 @@ def _sent(collectives: List[Dict[str, Any]]) -> str:
     return f"each rank sent: {', '.join(parts)}" if parts else ""
 
 
-def _case_verdict(case: str, vals: List[bool], call: Dict[str, Any], odd: int) -> Verdict:
-    """The verdict for a case some rank got wrong; call: rank 0's call in it (its collectives and comparisons)."""
+def _case_verdict(case: str, vals: List[bool], call: Dict[str, Any], odd: int, world_size: int) -> Verdict:
+    """The verdict for a case some rank got wrong; call: rank 0's call in it (its collectives and comparisons);
+    odd: the rank whose model differed."""
     colls = call["collectives"]
     if len(set(vals)) > 1:
         said = ", ".join(f"rank {r} {v}" for r, v in enumerate(vals))
@@ -170,6 +182,11 @@ def _case_verdict(case: str, vals: List[bool], call: Dict[str, Any], odd: int) -
                                      "your function called no collective, so each rank only looked at its own "
                                      "parameters. The ranks must exchange what they hold (a fingerprint, say).")
     sent = _sent(colls)
+    if case == "far_middle":
+        return fail("some_ranks", f"rank {odd}'s first weight differed by 1.0 (rank {odd} of ranks 0 to "
+                                  f"{world_size - 1}: neither the first nor the last), and your function said the "
+                                  "replicas agree, although it caught the same difference on the last rank: compare "
+                                  "every rank's parameters, not only the first and the last rank's.")
     if case == "far":
         return fail("missed_difference", f"rank {odd}'s first weight differed by 1.0, and your function said the "
                                          f"replicas agree ({sent or 'look at what it compares'}): compare the "
@@ -200,7 +217,8 @@ def check_replicas_agree(student_fn: Callable, world_size: Optional[int] = None)
     """Notebook 12: replicas_agree(model) must say, on every rank, whether all ranks' parameters are bitwise equal."""
     sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size,
                                    hardcoded=(("ranks_disagree", "missed_difference"),
-                                              "is a number of ranks written into your code?"))
-    return ("every rank said the replicas agree when they did, and differ when the last rank's parameters differed "
-            "by a lot, by two swapped values, by one bit, or only in the last parameter, on "
-            f"{' and on '.join(map(str, sizes))} ranks.")
+                                              "is a number of ranks written into your code?"), sizes=SIZES)
+    on = ", ".join(map(str, sizes[:-1])) + " and " * (len(sizes) > 1) + str(sizes[-1])
+    return ("every rank said the replicas agree when they did, and differ when the last or a middle rank's "
+            "parameters differed by a lot, or the last rank's by two swapped values, by one bit, or only in the last "
+            f"parameter, on {on} ranks.")

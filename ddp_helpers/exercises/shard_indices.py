@@ -1,6 +1,9 @@
-"""Exercise 3, shard_indices(n, rank, world_size, epoch, seed): disjoint, covering, equal shards, reshuffled."""
+"""Exercise 3, shard_indices(n, rank, world_size, epoch, seed): disjoint, covering, equal shards, reshuffled,
+from a generator of its own (the global random state left as it was)."""
 from __future__ import annotations
 
+import pickle
+import random
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,7 +29,15 @@ NUDGES = {
     "nondeterministic": "the same arguments gave two different answers: where does your randomness come from?",
     "same_every_epoch": "think about what should change from one epoch to the next.",
     "seed_ignored": "one of your function's arguments has no effect on the result.",
+    "global_rng": "the shards are right, but look at what else your function changes: which random state does "
+                  "the exercise say to use?",
 }
+
+
+def _global_states() -> Dict[str, bytes]:
+    """The global random states a learner could use: torch's default generator, Python's, NumPy's."""
+    return {"torch": torch.get_rng_state().numpy().tobytes(), "random": pickle.dumps(random.getstate()),
+            "numpy": pickle.dumps(np.random.get_state())}
 
 
 def _indices(value: Any) -> Dict[str, Any]:
@@ -46,14 +57,20 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
     args = {key: (n, rank, world_size, epoch, seed) for key, (n, epoch, seed) in cases.items()}
     seeds = record_seeds(student_fn)
     per_case: List[List[Tuple[str, int]]] = []
+    touched: List[str] = []  # the global random states some call changed
+    before = [_global_states()]
 
     def report(value: Any) -> Dict[str, Any]:
         per_case.append(list(seeds))
         seeds.clear()
+        after = _global_states()
+        touched.extend(k for k in after if after[k] != before[0][k] and k not in touched)
+        before[0] = after
         return _indices(value)
 
     out = call_cases(student_fn, args, report)
     out["seeds"] = dict(zip(args, per_case))
+    out["global_rng"] = touched
     return out
 
 
@@ -112,13 +129,30 @@ def _check_split(shards: List[List[int]], n: int, world_size: int,
                                       f"= {per_rank}.")
 
 
+def _check_global_state(outs: Sequence[Dict[str, Any]]) -> None:
+    """Raise the verdict for shards drawn from (or a function that reseeds) a global random generator."""
+    touched = outs[0]["global_rng"]
+    if not touched:
+        return
+    which = {"torch": "torch's global random state", "random": "Python's global random state (random.seed, "
+             "random.shuffle)", "numpy": "NumPy's global random state (np.random.seed, np.random.permutation)"}
+    seeded = sorted({s for case in outs[0]["seeds"].values() for kind, s in case if kind == "global"})
+    how = f" (torch.manual_seed({seeded[0]}), then a draw without a generator)" if touched[0] == "torch" and seeded \
+        else ""
+    raise fail("global_rng", f"the shards are right, but your function changed {which[touched[0]]}{how}. The "
+                             "training script's other random draws (initialization, dropout, augmentation) share "
+                             "that state: your function would reset them every epoch, and any draw between two calls "
+                             "would change the shards. Draw the permutation from a torch.Generator of your own, "
+                             "seeded from seed and epoch.")
+
+
 @exercise("shard_indices", NUDGES)
 def check_shard_indices(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Exercise 3: shard_indices(n, rank, world_size, epoch, seed): disjoint, covering, equal, reshuffled."""
     world_size = world_size or WORLD_SIZE
     outs = run_ranks(_in_rank, world_size, (student_fn,))
     student_outcomes(outs)
-    ranks = [{k: v["value"] for k, v in o.items() if k not in ("call", "seeds")} for o in outs]
+    ranks = [{k: v["value"] for k, v in o.items() if k not in ("call", "seeds", "global_rng")} for o in outs]
     _check_split([r["n12_e0"] for r in ranks], 12, world_size, [o["seeds"]["n12_e0"] for o in outs])
     if all(r["n12_e0"] == sorted(r["n12_e0"]) for r in ranks):
         raise fail("not_shuffled", "each rank's indices come in increasing order: shuffle them, with a "
@@ -134,6 +168,7 @@ def check_shard_indices(student_fn: Callable, world_size: Optional[int] = None) 
     if all(r["n12_seed"] == r["n12_e0"] for r in ranks):
         raise fail("seed_ignored", "a different seed gave the same order: seed the generator with seed + epoch.")
     _check_split([r["n11_e0"] for r in ranks], 11, world_size, [o["seeds"]["n11_e0"] for o in outs])
+    _check_global_state(outs)
     per_rank = -(-11 // world_size)
     return (f"disjoint shards of equal length that cover the data set (11 samples on {world_size} ranks: "
             f"{per_rank} each, {per_rank * world_size - 11} repeated), reshuffled every epoch and reproducible "

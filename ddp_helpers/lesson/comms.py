@@ -96,18 +96,23 @@ def dump_flight_recorder(path: str, backend: str = "gloo") -> str:
 
 
 def read_flight_recorder(path: str) -> Dict[str, Any]:
-    """A dump written by dump_flight_recorder: {"last": last collective enqueued, "entries": [...]}.
+    """A dump written by dump_flight_recorder: {"last": the last collective the first process group enqueued,
+    "groups": {group id: its last enqueued sequence number}, "entries": [...]}.
 
-    Each entry: {"seq", "op", "sizes", "where"}, where "where" is the innermost frame outside torch (the
-    caller's function and line) that issued the collective.
+    Each entry: {"seq", "op", "sizes", "group", "where", "by"}: "group" is the process group's id ("0" the default
+    group; TORCH_DISTRIBUTED_DEBUG=DETAIL's helper group is another), "where" the innermost frame outside torch (the
+    caller's function and line) that issued the collective, "by" the innermost Python frame of all (a torch
+    function such as _verify_param_shape_across_processes, or the caller's own).
     """
     with open(path, "rb") as fh:
         dump = pickle.load(fh)  # noqa: S301 - a file this process's ranks just wrote
     entries = []
     for e in dump.get("entries", []):
-        frames = [f for f in e.get("frames", []) if f"{os.sep}torch{os.sep}" not in f.get("filename", "")]
+        every = e.get("frames", [])
+        frames = [f for f in every if f"{os.sep}torch{os.sep}" not in f.get("filename", "")]
         where = f"{frames[0]['name']}, line {frames[0]['line']}" if frames else "?"
         entries.append({"seq": e["collective_seq_id"], "op": e["profiling_name"], "sizes": e["input_sizes"],
-                        "where": where})
-    status = next(iter(dump.get("pg_status", {}).values()), {})
-    return {"last": status.get("last_enqueued_collective", entries[-1]["seq"] if entries else 0), "entries": entries}
+                        "group": str(e.get("pg_id", 0)), "where": where, "by": every[0]["name"] if every else "?"})
+    groups = {str(g): s.get("last_enqueued_collective", 0) for g, s in dump.get("pg_status", {}).items()}
+    first = next(iter(groups.values()), entries[-1]["seq"] if entries else 0)
+    return {"last": groups.get("0", first), "groups": groups, "entries": entries}

@@ -39,17 +39,21 @@ class GraphCounter:
     """A torch.compile backend that runs each graph as traced (no code generation) and notes what it got.
 
     Under DDP, DDPOptimizer calls the backend once per piece of the split graph, so `layers` ends up with one
-    entry per piece: how many Linear layers it holds, in forward order. `then` (e.g. Inductor's compile_fx)
-    compiles each piece after it is counted.
+    entry per piece: how many Linear layers it holds, in forward order; `dynamic` says for each piece whether
+    some input size is a symbol (a graph for every batch size) rather than a number (a graph for that size only).
+    `then` (e.g. Inductor's compile_fx) compiles each piece after it is counted.
     """
 
     def __init__(self, then: Optional[Callable] = None):
         self.layers: List[int] = []
+        self.dynamic: List[bool] = []
         self.then = then
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: List[Any]):
         self.layers.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is
                                torch._C._nn.linear))
+        self.dynamic.append(any(isinstance(size, torch.SymInt) for t in example_inputs
+                                if isinstance(t, torch.Tensor) for size in t.shape))
         return self.then(gm, example_inputs) if self.then is not None else gm.forward
 
 

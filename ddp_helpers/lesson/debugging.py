@@ -1,5 +1,5 @@
-"""Reading a job that hangs, diverges or restarts: a stack dump's frames, the first step at which the ranks'
-parameter fingerprints differ, and torchrun's agent log without its timestamps, process ids and paths.
+"""Reading a job that hangs, diverges or restarts: a stack dump's frames (each thread's), the first step at which
+the ranks' parameter fingerprints differ, and torchrun's agent log without its timestamps, process ids and paths.
 """
 from __future__ import annotations
 
@@ -26,6 +26,21 @@ def stack_frames(dump: str) -> List[Tuple[str, str, int]]:
         if m:
             frames.append((m["name"], os.path.basename(m["file"]), int(m["line"])))
     return frames
+
+
+def thread_stacks(dump: str) -> List[Tuple[bool, List[Tuple[str, str, int]]]]:
+    """Every thread's stack in a faulthandler dump, in the dump's order: (whether it is the thread that took the
+    signal, its (function, file name, line) frames innermost first). all_threads=True writes one block per thread
+    ("Thread 0x...", "Current thread 0x..."); all_threads=False one block ("Stack"), the signalled thread's."""
+    stacks: List[Tuple[bool, List[Tuple[str, str, int]]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
+            stacks.append((not line.startswith("Thread 0x"), []))
+            continue
+        m = _FRAME.match(line)
+        if m and stacks:
+            stacks[-1][1].append((m["name"], os.path.basename(m["file"]), int(m["line"])))
+    return stacks
 
 
 def first_divergence(fingerprints: Sequence[Sequence[int]]) -> Optional[int]:

@@ -1,4 +1,5 @@
-"""Figures for the bucket-timeline and batch-size lessons: a per-rank Gantt chart and loss curves on two axes.
+"""Figures for the bucket-timeline, batch-size and precision lessons: a per-rank Gantt chart, loss curves on two
+axes, and losses against a reference run's.
 
 Built without pyplot, like plots.py, so a notebook shows each figure once (as the cell's value).
 """
@@ -114,6 +115,37 @@ def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[s
     ax_samples.legend(fontsize=8)
     for ax in (ax_steps, ax_samples):
         ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Optional[str] = None) -> Figure:
+    """Left: each run's loss per step; right: each other run's loss minus the reference run's, per step.
+
+    Runs that agree closely draw one line on the left; the right panel shows how far apart they are (0: the
+    same number at that step), so "close, not bitwise" can be seen. losses: label -> per-step losses.
+    """
+    if reference not in losses or len(losses) < 2:
+        raise ValueError(f"plot_loss_gaps needs the reference run {reference!r} and at least one other: "
+                         f"{{label: per-step losses}}, got {list(losses)}")
+    ref = np.asarray(losses[reference], dtype=float)
+    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=DPI)
+    ax_loss, ax_gap = fig.subplots(1, 2)
+    for i, (label, loss) in enumerate(losses.items()):
+        loss = np.asarray(loss, dtype=float)
+        steps = np.arange(1, len(loss) + 1)
+        ax_loss.plot(steps, loss, color=_color(i), lw=1.2, label=label)
+        if label != reference:
+            n = min(len(loss), len(ref))
+            ax_gap.plot(steps[:n], loss[:n] - ref[:n], color=_color(i), lw=1.2, marker="o", markersize=2.5,
+                        label=f"{label} - {reference}")
+    ax_gap.axhline(0.0, color=_color(list(losses).index(reference)), lw=1.0, ls="--", label=f"{reference} (0)")
+    ax_loss.set(xlabel="optimizer steps", ylabel="training loss")
+    ax_gap.set(xlabel="optimizer steps", ylabel=f"loss minus the {reference} run's loss")
+    for ax in (ax_loss, ax_gap):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

@@ -40,30 +40,40 @@ def rank_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict
 
 def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, int]]]],
                     total: Mapping[str, int]) -> Figure:
-    """One panel per part: the largest and smallest rank's bytes against W for each method, and total / W.
+    """One panel per part: for each world size W, one bar per method side by side (its largest rank's bytes, the
+    fraction of one full copy written on it), a tick at its smallest rank's, and total / W as a dotted line.
 
-    per_rank: method -> {W: [rank_bytes() of rank 0, rank 1, ...]}; total: one full copy's bytes of each part.
+    Bars side by side, not lines: methods that hold the same bytes (DDP and ZeRO's parameters) would draw one
+    line on top of the other. per_rank: method -> {W: [rank_bytes() of rank 0, rank 1, ...]}; total: one full
+    copy's bytes of each part.
     """
     if not per_rank:
         raise ValueError("plot_rank_bytes needs {method: {world_size: [rank_bytes(...) per rank]}}")
-    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=150)
+    sizes = sorted({w for runs in per_rank.values() for w in runs})
+    width = 0.8 / len(per_rank)
+    fig = Figure(figsize=(9, 3.6), layout="constrained", dpi=150)
     axes = fig.subplots(1, len(PARTS), sharey=True)
     for ax, part in zip(axes, PARTS):
-        sizes = sorted({w for runs in per_rank.values() for w in runs})
         for i, (method, runs) in enumerate(per_rank.items()):
-            ws = sorted(runs)
-            hi = np.array([max(r[part] for r in runs[w]) for w in ws]) / 1e6
-            lo = np.array([min(r[part] for r in runs[w]) for w in ws]) / 1e6
-            # markers and dashes differ too: the methods that hold a full copy draw on top of each other
-            ax.plot(ws, hi, marker="osv^D"[i % 5], ls=("-", "--", "-.", ":")[i % 4], color=_color(i), lw=1.2,
-                    markersize=7 - i, label=f"{method} (largest rank)")
-            ax.fill_between(ws, lo, hi, color=_color(i), alpha=0.15)
-        ax.plot(sizes, [total[part] / w / 1e6 for w in sizes], color="black", ls=":", lw=1.6, zorder=5,
-                label="total / W")
-        ax.set_xticks(sizes)
+            at = [sizes.index(w) + (i - (len(per_rank) - 1) / 2) * width for w in sorted(runs)]
+            hi = np.array([max(r[part] for r in runs[w]) for w in sorted(runs)]) / 1e6
+            lo = np.array([min(r[part] for r in runs[w]) for w in sorted(runs)]) / 1e6
+            ax.bar(at, hi, width * 0.92, color=_color(i), label=f"{method} (largest rank)")
+            ax.scatter(at, lo, marker="_", s=120, color="black", zorder=4,
+                       label="smallest rank" if i == 0 else None)
+            for x, h in zip(at, hi):
+                ax.text(x, h, f"{h * 1e6 / total[part]:.2g}", ha="center", va="bottom", fontsize=6)
+        for j, w in enumerate(sizes):
+            ax.hlines(total[part] / w / 1e6, j - 0.45, j + 0.45, color="black", ls=":", lw=1.4, zorder=5,
+                      label="total / W" if j == 0 else None)
+        ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
         ax.set(title=part, xlabel="world size W")
-        ax.grid(alpha=0.3)
+        ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("MB on one rank")
-    axes[-1].legend(fontsize=7)
-    fig.suptitle("what one rank holds: the largest rank (line), down to the smallest (band)", fontsize=9)
+    handles, labels = axes[-1].get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda k: (labels[k] in ("smallest rank", "total / W"), k))  # bars first
+    fig.legend([handles[k] for k in order], [labels[k] for k in order], loc="outside lower center",
+               ncols=len(order), fontsize=7, frameon=False)
+    fig.suptitle("what one rank holds: the largest rank (bar, with its fraction of one full copy), the smallest "
+                 "(tick)", fontsize=9)
     return fig

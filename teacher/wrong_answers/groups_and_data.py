@@ -41,6 +41,12 @@ def init_then_destroy(rank, world_size, port):
     dist.destroy_process_group()
 
 
+@wrong("init_group", "refused_call", "Your function passed timeout=30 (an int): pass a datetime.timedelta")
+def init_timeout_in_seconds(rank, world_size, port):
+    url = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size, timeout=30)  # an int: seconds?
+
+
 @wrong("init_group", "no_init", "call dist.init_process_group")
 def init_forgotten(rank, world_size, port):
     return rank, world_size, port
@@ -143,6 +149,14 @@ def shard_strided(n, rank, world_size, epoch, seed):
 @wrong("shard_indices", "nondeterministic", "not the global random state")
 def shard_global_rng(n, rank, world_size, epoch, seed):
     perm = torch.randperm(n).tolist()  # the forked ranks share one global RNG state, so they agree by luck
+    perm += perm[: -(-n // world_size) * world_size - n]
+    return perm[rank::world_size]
+
+
+@wrong("shard_indices", "global_rng", "changed torch's global random state (torch.manual_seed(7)")
+def shard_reseeding_the_global_rng(n, rank, world_size, epoch, seed):
+    torch.manual_seed(seed + epoch)  # reproducible shards, but every other draw of the script restarts here too
+    perm = torch.randperm(n).tolist()
     perm += perm[: -(-n // world_size) * world_size - n]
     return perm[rank::world_size]
 

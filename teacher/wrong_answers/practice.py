@@ -72,6 +72,13 @@ def loss_scaled_in_place(local_loss, n_samples):
     return stats[0] / stats[1]
 
 
+@practice("global_loss", "reduced_to_one", "delivers its result to one rank (dst) only")
+def loss_reduced_to_rank_zero(local_loss, n_samples):
+    stats = torch.stack([local_loss.detach() * n_samples, torch.tensor(float(n_samples))])
+    dist.reduce(stats, dst=0)  # "rank 0 logs it": but the others get no global loss
+    return stats[0] / stats[1]
+
+
 # ------------------------------------------------------------------------------- notebook 11: load_checkpoint
 @practice("load_checkpoint", "no_barrier", "got the old checkpoint still at `path`")
 def load_without_barrier(path, device):
@@ -152,6 +159,13 @@ def agree_on_the_first_weight(model):
     prints = [None] * dist.get_world_size()
     dist.all_gather_object(prints, fingerprint(next(model.parameters())))
     return len(set(prints)) == 1
+
+
+@practice("replicas_agree", "some_ranks", "not only the first and the last rank's")
+def agree_first_and_last(model):
+    prints = [None] * dist.get_world_size()
+    dist.all_gather_object(prints, fingerprint(model.parameters()))
+    return prints[0] == prints[-1]  # right on 2 ranks; a middle rank is never looked at
 
 
 @practice("replicas_agree", "wrong_type", "return True or False")

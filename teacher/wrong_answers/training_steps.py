@@ -99,6 +99,19 @@ def acc_not_scaled(ddp_model, optimizer, micro_batches):
     optimizer.step()
 
 
+@wrong("accumulation_step", "divided_by_world_size", "by the world size as well as by the number of micro-batches")
+def acc_divided_by_world_size_too(ddp_model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    scale = len(micro_batches) * dist.get_world_size()  # "the mean over all ranks": DDP averages already
+    for i, (x, y) in enumerate(micro_batches):
+        if i < len(micro_batches) - 1:
+            with ddp_model.no_sync():
+                (_loss(ddp_model, x, y) / scale).backward()
+        else:
+            (_loss(ddp_model, x, y) / scale).backward()
+    optimizer.step()
+
+
 @wrong("accumulation_step", "no_no_sync", "once per micro-batch")
 def acc_without_no_sync(ddp_model, optimizer, micro_batches):
     optimizer.zero_grad()

@@ -366,3 +366,73 @@ def test_init_group_by_environment_variables_passes():
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
     assert check_init_group(init_group).passed
+
+
+def test_a_call_torch_refuses_on_every_rank_is_named_as_the_call_not_a_lost_peer():
+    """A TypeError raised inside torch.distributed about the learner's own argument, on every rank: the hint names
+    the call, the argument and the fix, and says every rank; it is no collective a peer never joined."""
+    def global_mean(value):
+        # a list, not a tensor: all_reduce's own check refuses it
+        dist.all_reduce(value.tolist())
+        return value
+
+    result = EXERCISES["global_mean"](global_mean, quiet=True)
+    assert result.mistake == "refused_call", result.message
+    assert result.detail.startswith("dist.all_reduce refused your call at `dist.all_reduce(value.tolist())` on every "
+                                    "rank"), result.detail
+    assert "passed tensor=[" in result.detail and "(a list): pass a tensor" in result.detail
+    assert "never joined" not in result.detail
+
+
+def test_refused_call_reads_the_argument_from_torchs_frame():
+    """Without launching: init_process_group refuses timeout=30 before it looks for any peer."""
+    from ddp_helpers.exercises._errors import error_report
+
+    def init_group():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=1, timeout=30)
+
+    try:
+        init_group()
+    except TypeError as e:
+        report = error_report(e, init_group)
+    assert report["refused"] == {"call": "init_process_group", "argument": "timeout", "value": "30",
+                                 "value_type": "int"}
+    assert report["comm"] is False and report["type"] == "TypeError"
+
+
+def test_an_error_of_the_learners_own_line_is_not_a_refused_call():
+    from ddp_helpers.exercises._errors import error_report
+
+    def global_mean(value):
+        raise TypeError("my own")
+
+    try:
+        global_mean(None)
+    except TypeError as e:
+        report = error_report(e, global_mean)
+    assert report["refused"] is None and report["comm"] is False
+
+
+def test_a_loss_divided_by_the_world_size_instead_of_the_micro_batches_is_named():
+    import torch.nn.functional as F
+
+    def accumulation_step(ddp_model, optimizer, micro_batches):
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            loss = F.cross_entropy(ddp_model(x), y) / dist.get_world_size()
+            if i < len(micro_batches) - 1:
+                with ddp_model.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+        optimizer.step()
+
+    result = EXERCISES["accumulation_step"](accumulation_step, quiet=True)
+    assert result.mistake == "divided_by_world_size" and "instead of by the number of micro-batches" in result.detail
+
+
+def test_shards_drawn_in_a_forked_global_rng_pass():
+    """The check judges the global state after the call: fork_rng restores it, so only the result counts."""
+    from teacher.solutions import shard_indices_forked_rng
+
+    assert EXERCISES["shard_indices"](shard_indices_forked_rng, quiet=True).passed

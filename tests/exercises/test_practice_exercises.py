@@ -223,3 +223,28 @@ def test_a_file_read_before_the_barrier_is_not_called_a_missing_barrier():
 
     result = PRACTICE_EXERCISES["load_checkpoint"](load_checkpoint, quiet=True)
     assert result.mistake == "stale_file" and "although rank 0 had written" in result.detail, result.detail
+
+
+def test_the_pass_line_says_what_collectives_the_answer_ran():
+    """One all_reduce is one collective; one all_gather_object call runs two all_gathers, and the PASS line says so."""
+    from teacher.solutions import global_loss_gathered_objects
+
+    one = PRACTICE_EXERCISES["global_loss"](PRACTICE_SOLUTIONS["global_loss"], quiet=True)
+    assert one.passed and "with one all_reduce, on 2" in one.hint, one.hint
+    objects = PRACTICE_EXERCISES["global_loss"](global_loss_gathered_objects, quiet=True)
+    assert objects.passed, objects.message
+    assert "with one collective call, all_gather_object, which torch ran as 2 all_gathers" in objects.hint
+
+
+def test_comparing_the_first_and_last_rank_passes_on_2_ranks_only():
+    """On 2 ranks the first and the last are every rank; on 3 and 4 a middle rank's difference must be seen."""
+    wrong = _wrong("replicas_agree", "some_ranks")
+    assert PRACTICE_EXERCISES["replicas_agree"](wrong.fn, quiet=True, world_size=2).passed
+    for w, middle in ((3, 1), (4, 2)):
+        result = PRACTICE_EXERCISES["replicas_agree"](wrong.fn, quiet=True, world_size=w)
+        assert result.mistake == "some_ranks" and f"rank {middle}'s first weight" in result.detail, result.detail
+
+
+def test_the_replicas_check_runs_on_2_3_and_4_ranks():
+    result = PRACTICE_EXERCISES["replicas_agree"](PRACTICE_SOLUTIONS["replicas_agree"], quiet=True)
+    assert result.passed and "on 2, 3 and 4 ranks" in result.hint, result.hint

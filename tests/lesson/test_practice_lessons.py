@@ -64,8 +64,8 @@ def test_a_flight_recorder_dump_is_read_with_the_callers_frame(tmp_path):
     path.write_bytes(pickle.dumps(dump))
     rec = comms.read_flight_recorder(str(path))
     assert rec["last"] == 2 and rec["entries"][1] == {"seq": 2, "op": "gloo:all_reduce", "sizes": [[18]],
-                                                      "where": "train, line 16"}
-    assert rec["entries"][0]["where"] == "?"
+                                                      "group": "0", "where": "train, line 16", "by": "all_reduce"}
+    assert rec["entries"][0]["where"] == rec["entries"][0]["by"] == "?" and rec["groups"] == {"0": 2}
 
 
 def test_a_stack_dump_is_read_innermost_first_up_to_the_first_thread():
@@ -77,6 +77,21 @@ def test_a_stack_dump_is_read_innermost_first_up_to_the_first_thread():
             '  File "/x/threading.py", line 320 in wait\n')
     assert debugging.stack_frames(dump) == [("all_reduce", "distributed_c10d.py", 3913),
                                             ("wait_for_peer", "<dynamic-code>", 2)]
+
+
+def test_a_dump_of_all_threads_is_read_thread_by_thread():
+    dump = ('Thread 0x00007fb3 (most recent call first):\n'
+            '  File "/x/selectors.py", line 415 in select\n'
+            '  File "/pkg/ddp_helpers/ranks/boot.py", line 18 in _exit_when\n'
+            '\n'
+            'Current thread 0x00007fb4 (most recent call first):\n'
+            '  File "/site/torch/distributed/distributed_c10d.py", line 3913 in all_reduce\n'
+            '  File "<dynamic-code>", line 5 in wait_for_peer\n')
+    assert debugging.thread_stacks(dump) == [
+        (False, [("select", "selectors.py", 415), ("_exit_when", "boot.py", 18)]),
+        (True, [("all_reduce", "distributed_c10d.py", 3913), ("wait_for_peer", "<dynamic-code>", 5)])]
+    one = 'Stack (most recent call first):\n  File "<dynamic-code>", line 2 in f\n'
+    assert debugging.thread_stacks(one) == [(True, [("f", "<dynamic-code>", 2)])]
 
 
 @pytest.mark.parametrize("prints, step", [([[1, 2, 3], [1, 2, 3]], None), ([[1, 2, 3], [1, 5, 3]], 1),
@@ -143,6 +158,19 @@ def test_rank_bytes_counts_adam_state_and_local_shards():
 
     Zero.optim.state[Zero.optim.param_groups[0]["params"][0]] = {"exp_avg": torch.ones(5), "step": torch.tensor(1.0)}
     assert sharding.rank_bytes(nn.Linear(1, 1), Zero())["optimizer state"] == 5 * 4  # the 0-dim step not counted
+
+
+def test_methods_holding_the_same_bytes_stay_distinguishable_in_the_bytes_figure():
+    """DDP and ZeRO hold the same parameter bytes: their bars stand side by side, not one hidden under the other."""
+    one = {"parameters": 8, "gradients": 8, "optimizer state": 16}
+    half = {"parameters": 4, "gradients": 4, "optimizer state": 8}
+    fig = sharding.plot_rank_bytes({"DDP": {1: [one], 2: [one, one]}, "ZeRO": {1: [one], 2: [one, one]},
+                                    "FSDP2": {1: [one], 2: [half, half]}}, one)
+    bars = fig.axes[0].patches
+    assert len(bars) == 6 and len({round(b.get_x(), 6) for b in bars}) == 6  # no two bars at the same place
+    assert {b.get_facecolor() for b in bars[:2]}.isdisjoint({b.get_facecolor() for b in bars[2:4]})
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["DDP (largest rank)", "ZeRO (largest rank)", "FSDP2 (largest rank)"] and "total / W" in labels
 
 
 def test_the_bytes_figure_has_a_panel_per_part_and_refuses_nothing_to_plot():

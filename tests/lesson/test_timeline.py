@@ -195,3 +195,15 @@ def test_plot_loss_curves_puts_samples_on_the_second_axis():
     with pytest.raises(ValueError, match="global_batch"):
         plot_loss_curves({"W=2": {"loss": [1.0]}})
     assert not math.isnan(ax_samples.lines[0].get_ydata()[0])
+
+
+def test_plot_loss_gaps_draws_each_run_against_the_reference():
+    from ddp_helpers.lesson.lesson_plots import plot_loss_gaps
+
+    fig = plot_loss_gaps({"fp32": [3.0, 2.0, 1.0], "bf16": [3.0, 2.1, 0.9], "hook": [3.0, 2.0, 1.05]}, "fp32")
+    ax_loss, ax_gap = fig.axes
+    assert len(ax_loss.lines) == 3
+    gaps = {line.get_label(): list(np.round(line.get_ydata(), 6)) for line in ax_gap.lines[:2]}
+    assert gaps == {"bf16 - fp32": [0.0, 0.1, -0.1], "hook - fp32": [0.0, 0.0, 0.05]}
+    with pytest.raises(ValueError, match="reference run 'fp64'"):
+        plot_loss_gaps({"fp32": [1.0], "bf16": [1.0]}, "fp64")
