@@ -315,11 +315,24 @@ def run_ranks(harness: Callable, world_size: int, args: tuple,
     except _CheckDeadline:
         raise timeout_verdict() from None
     except (LaunchError, ConfigError) as e:
+        if "can't send the function" in str(e):  # the learner's function holds what a new process can't receive
+            raise fail("unsendable_function", "your function can't be sent to the ranks: each rank is a new "
+                                              "process that receives it pickled, with every global it uses, and "
+                                              f"one of them can't be ({str(e).split('ranks (', 1)[-1].split(').')[0]}). "
+                                              "Make that object inside your function instead.") from None
         raise fail("cannot_launch", f"the check could not start its processes: {e}") from None
     except RankFailedError as e:
         if isinstance(e.original, RankReport):
             out = _locate_errors(e.original.out, _source_file(args))
             return [out if r == e.rank else None for r in range(world_size)]
+        if "can't be sent back to the launching process" in e.message:
+            raise fail("unsendable_value", f"rank {e.rank} could not send its result back to this notebook: "
+                                           f"{e.message.split('failed: ', 1)[-1]}") from None
+        if e.traceback_text and "call_student" not in e.traceback_text:
+            # Raised in the rank outside the learner's call: the check's own reading of what it returned failed.
+            raise fail("unusable_value", f"on rank {e.rank} the check could not use what your function returned "
+                                         f"({e.message}): return what the exercise asks for (its docstring says "
+                                         "what)") from None
         raise fail("rank_died", f"rank {e.rank}'s process ended before reporting ({e.message}): does your "
                                 "function call exit(), os._exit() or destroy the process group?") from None
     silent = [r for r, out in enumerate(outs) if out is None]  # the process exited with 0 but returned nothing
