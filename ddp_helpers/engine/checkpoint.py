@@ -168,13 +168,14 @@ def check_resume(cfg: TrainConfig) -> int:
         return 0
     ckpt = _read_for_resume(cfg)
     step = _check_layout(cfg, ckpt)
-    _check_model_and_optimizer(cfg, ckpt)
+    optimizer = _check_model_and_optimizer(cfg, ckpt)
     saved = ckpt.get("config")
     saved = saved if isinstance(saved, dict) else {}
     for key in RESUME_MUST_MATCH:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
                               f"({cfg.resume_from}); an exact resume needs the same {key}")
+    _check_optimizer_settings(cfg, optimizer)  # after the config's: a config that differs is named as such
     _check_rng(cfg, ckpt)
     return step
 
@@ -249,7 +250,7 @@ def _check_layout(cfg: TrainConfig, ckpt: Any) -> int:
     return step
 
 
-def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
+def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> torch.optim.Optimizer:
     """The saved weights fit build_model(cfg.seed) key for key and shape for shape; the optimizer state loads."""
     model = build_model(cfg.seed)
     want, got = model.state_dict(), ckpt["model"]
@@ -272,7 +273,7 @@ def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
         buf = optimizer.state.get(p, {}).get("momentum_buffer")
         if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape):
             raise refuse_resume(cfg, "its optimizer's momentum buffers don't match this model's parameter shapes")
-    _check_optimizer_settings(cfg, optimizer)
+    return optimizer
 
 
 def _check_optimizer_settings(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import signal
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -147,6 +148,7 @@ class RankTelemetry:
         self.captures, self.capture_done = tables["captures"], tables["capture_done"]
         self.last_params = tables["params"]
         self.row, self.t0, self.capture = 0, 0.0, False
+        self.hold_sigterm = hasattr(signal, "pthread_sigmask") and callable(signal.getsignal(signal.SIGTERM))
 
     def begin(self, step: int) -> None:
         """Start timing the step; tell the hook whether to keep this step's full gradients."""
@@ -159,7 +161,20 @@ class RankTelemetry:
         self.grads.start_step(self.capture)
 
     def end(self, step: int, loss: torch.Tensor, idx: torch.Tensor) -> None:
-        """Record the finished step (loss, norms, fingerprint, samples, time) and publish it to the parent."""
+        """Record the finished step (loss, norms, fingerprint, samples, time) and publish it to the parent.
+
+        A SIGTERM handler (a torchrun rank's: it writes the partial result) waits until the row is published:
+        torchrun's agent stops a rank whenever a peer fails, also in the middle of this.
+        """
+        if self.hold_sigterm:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self._record(step, loss, idx)
+        finally:
+            if self.hold_sigterm:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a pending one is handled now
+
+    def _record(self, step: int, loss: torch.Tensor, idx: torch.Tensor) -> None:
         row, f64, i64 = self.row, self.f64, self.i64
         if self.capture:
             self._capture(self.capture_index[step])

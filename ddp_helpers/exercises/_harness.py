@@ -6,6 +6,8 @@ the parent: it raises a :class:`Verdict` for the first problem found, or returns
 """
 from __future__ import annotations
 
+import os
+
 import dis
 import functools
 import linecache
@@ -328,7 +330,7 @@ def run_ranks(harness: Callable, world_size: int, args: tuple,
         if "can't be sent back to the launching process" in e.message:
             raise fail("unsendable_value", f"rank {e.rank} could not send its result back to this notebook: "
                                            f"{e.message.split('failed: ', 1)[-1]}") from None
-        if e.traceback_text and "call_student" not in e.traceback_text:
+        if "exercises" + os.sep in e.traceback_text and "call_student" not in e.traceback_text:
             # Raised in the rank outside the learner's call: the check's own reading of what it returned failed.
             raise fail("unusable_value", f"on rank {e.rank} the check could not use what your function returned "
                                          f"({e.message}): return what the exercise asks for (its docstring says "

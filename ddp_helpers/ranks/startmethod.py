@@ -56,7 +56,9 @@ def _in_launching_process() -> bool:
         return False  # a process multiprocessing started: a rank
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):
         return False  # a spawned rank re-importing the main script (spawn._main, before its bootstrap)
-    return not (sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules)  # the server itself
+    in_server = (sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules
+                 and os.environ.get("DDP_HELPERS_LAUNCHER_PID") == str(os.getppid()))  # its launcher named itself
+    return not in_server
 
 
 def warm_up() -> None:
