@@ -27,7 +27,8 @@ def init_group(rank: int, world_size: int, port: int) -> None:
         init_method=f"tcp://127.0.0.1:{port}",  # the port we were given, never a fixed one
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=30),  # a missing rank becomes an error, not a 30-minute hang
+        # a missing rank becomes an error, not a 30-minute hang
+        timeout=datetime.timedelta(seconds=30),
     )
 
 
@@ -39,10 +40,12 @@ def global_mean(value: torch.Tensor) -> torch.Tensor:
 
 def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int) -> list:
     """Exercise 3: this rank's indices, as DistributedSampler(shuffle=True) with set_epoch(epoch) gives them."""
-    g = torch.Generator().manual_seed(seed + epoch)  # same permutation on every rank, new one every epoch
+    # same permutation on every rank, new one every epoch
+    g = torch.Generator().manual_seed(seed + epoch)
     perm = torch.randperm(n, generator=g).tolist()
     per_rank = -(-n // world_size)
-    perm += perm[: per_rank * world_size - n]  # pad by repeating: every rank gets the same number of batches
+    # pad by repeating: every rank gets the same number of batches
+    perm += perm[: per_rank * world_size - n]
     return perm[rank::world_size]
 
 
@@ -50,7 +53,8 @@ def make_loader(dataset, rank: int, world_size: int, batch_size: int, epoch: int
     """Exercise 4: the DataLoader for one rank and one epoch (Listing 7.2's missing sampler, added)."""
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
     sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)  # no shuffle=True: the sampler shuffles
+    # no shuffle=True: the sampler shuffles
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
 
 
 def average_gradients(model: torch.nn.Module) -> None:
@@ -79,7 +83,8 @@ def save_checkpoint(ddp_model, optimizer, step: int, path: str) -> None:
     """Exercise 7: rank 0 writes {'step', 'model', 'optimizer'} atomically; the other ranks write nothing."""
     if dist.get_rank() == 0:
         tmp = f"{path}.tmp"
-        torch.save({"step": step, "model": ddp_model.module.state_dict(),  # .module: no 'module.' prefix
+        # .module: no 'module.' prefix
+        torch.save({"step": step, "model": ddp_model.module.state_dict(),
                     "optimizer": optimizer.state_dict()}, tmp)
         os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
     dist.barrier()  # nobody goes on (e.g. to load it) before the file is there
