@@ -112,4 +112,4 @@ lab: env
 	$(VENV)/bin/jupyter lab notebooks/
 
 clean:
-	rm -rf runs build/nbgrader .pytest_cache docs/_build docs/notebooks
+	rm -rf runs build/nbgrader build/wheel-cache .pytest_cache docs/_build docs/notebooks

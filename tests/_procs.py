@@ -1,10 +1,24 @@
-"""Process checks shared by the tests that kill a parent and look for what outlived it."""
+"""Process checks shared by the tests that kill a parent and look for what outlived it, and waiting for an event."""
 from __future__ import annotations
 
 import signal
 import time
 
 import psutil
+
+
+def wait_for(condition, timeout: float, proc=None) -> bool:
+    """Poll condition() until it is true (True), timeout seconds pass or the Popen proc ends (False).
+
+    The event a test waits for (a marker file the code under test writes, a process appearing) comes when it
+    comes on a loaded machine: timeout only keeps a broken run from hanging the suite.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+            return bool(condition())
+        time.sleep(0.05)
+    return True
 
 
 def running(p: psutil.Process) -> bool:

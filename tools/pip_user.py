@@ -9,10 +9,14 @@ The copies are the stored notebooks byte for byte, so this is also the repositor
 that each notebook runs in a folder outside the repository that holds only what the wheel ships, with the
 installed package, not the checkout. Building, installing and copying take a few seconds, offline. Kernels
 talk over Unix sockets, not TCP ports (tools/nbval_ipc.py says why).
+
+The wheel is built once per state of its sources: build/wheel-cache/<hash of every file that goes into it>/,
+shared with tests/project/test_packaging.py (make test builds it in its unit part and installs it here).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import pathlib
 import shutil
@@ -25,6 +29,8 @@ from typing import List, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+SKIPPED = ("__pycache__", ".ipynb_checkpoints")  # never copied into the build, so never part of its hash
+CACHE = ROOT / "build" / "wheel-cache"
 
 
 def _run(command: List[str], **kwargs) -> str:
@@ -35,12 +41,31 @@ def _run(command: List[str], **kwargs) -> str:
     return done.stdout
 
 
-def _sources() -> List[str]:
+def _sources(root: pathlib.Path = ROOT) -> List[str]:
     """The top-level files and folders the wheel is built from, as pyproject.toml names them."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = tomllib.loads((root / "pyproject.toml").read_text())
     setup = project["tool"]["setuptools"]
     return sorted({p.split(".")[0] for p in setup["packages"]} | set(setup.get("package-dir", {}).values())
                   | {"pyproject.toml", project["project"]["readme"]})
+
+
+def _source_files(root: pathlib.Path) -> List[pathlib.Path]:
+    """Every file the wheel's build copies, sorted."""
+    files = []
+    for name in _sources(root):
+        path = root / name
+        files += [p for p in path.rglob("*") if p.is_file() and not set(SKIPPED) & set(p.relative_to(root).parts)] \
+            if path.is_dir() else [path]
+    return sorted(files)
+
+
+def sources_key(root: pathlib.Path = ROOT) -> str:
+    """A hash of the wheel's sources: every copied file's path and bytes."""
+    digest = hashlib.sha256()
+    for path in _source_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def build_wheel(out: pathlib.Path) -> pathlib.Path:
@@ -49,13 +74,42 @@ def build_wheel(out: pathlib.Path) -> pathlib.Path:
     src.mkdir(parents=True)
     for name in _sources():
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns(*SKIPPED))
         else:
             shutil.copyfile(ROOT / name, src / name)
     _run(PIP + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
          timeout=180)  # offline: the installed setuptools builds it
     (wheel,) = out.glob("ddp_helpers-*.whl")
     return wheel
+
+
+def cached_wheel(cache: pathlib.Path = CACHE) -> pathlib.Path:
+    """The wheel of the sources as they are now: built on the first call, then taken from cache/<sources_key>/.
+
+    A build goes to a folder of its own and is renamed into place, so a reader never sees half a wheel and two
+    builders at once leave one; the wheels of earlier source states are removed.
+    """
+    key = sources_key()
+    found = sorted((cache / key).glob("ddp_helpers-*.whl"))
+    if found:
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=cache))
+    try:
+        wheel = build_wheel(work / "build")
+        key = sources_key(work / "build" / "src")  # what was built, should a file have changed meanwhile
+        (work / key).mkdir()
+        wheel.rename(work / key / wheel.name)
+        try:
+            (work / key).rename(cache / key)
+        except OSError:  # another build of the same sources got there first: use it
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for old in cache.iterdir():
+        if old.name != key and not old.name.startswith("."):
+            shutil.rmtree(old, ignore_errors=True)
+    return next((cache / key).glob("ddp_helpers-*.whl"))
 
 
 def install(wheel: pathlib.Path, target: pathlib.Path) -> dict:
@@ -73,7 +127,7 @@ def console_script(target: pathlib.Path, name: str) -> List[str]:
 def installed_copy(work: pathlib.Path) -> tuple:
     """Wheel, install and copy under work: (the copied folder, the environment that uses the installed package)."""
     target, dest = work / "site-packages", work / "notebooks"
-    env = install(build_wheel(work / "wheel"), target)
+    env = install(cached_wheel(), target)
     _run(console_script(target, "ddp-helpers-notebooks") + [str(dest)], cwd=work, env=env, timeout=120)
     where = _run([sys.executable, "-c", "import ddp_helpers; print(ddp_helpers.__file__)"], cwd=dest, env=env).strip()
     if not pathlib.Path(where).resolve().is_relative_to(target.resolve()):  # e.g. a .pth that outranks PYTHONPATH
@@ -90,7 +144,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ddp_helpers_pip_user_") as work:
         start = time.perf_counter()
         dest, env = installed_copy(pathlib.Path(work))
-        print(f"wheel built, installed outside the repository and its notebooks copied out in "
+        print(f"wheel built (or taken from {CACHE.relative_to(ROOT)}), installed outside the repository and its "
+              f"notebooks copied out in "
               f"{time.perf_counter() - start:.1f} s; nbval runs the copies", flush=True)
         paths = [str(dest / name) for name in args.notebooks] or [str(dest)]
         plugins = pathlib.Path(work) / "plugins"  # nbval_ipc alone, so the kernels can import nothing else of tools/

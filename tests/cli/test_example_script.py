@@ -1,4 +1,6 @@
-"""examples/ddp_mnist.py (Listing 7.2 fixed, no ddp_helpers inside) and write-mnist, the offline data it runs on."""
+"""examples/ddp_mnist.py (Listing 7.2 fixed, no ddp_helpers inside) under torchrun, and write-mnist, the offline
+data it runs on. Its training code against run_training: tests/engine/test_cpu_capability.py (with this machine's
+kernels and others); its own mp.spawn start: notebook 4 (natively and with other kernels, in make test)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +14,8 @@ import pytest
 import torch
 
 from ddp_helpers import TrainConfig, load_data, run_training
-import ddp_helpers.data as D
+from ddp_helpers.data import sources as D
+from ddp_helpers.data import write_mnist
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ddp_mnist.py"
 DEAD_PROXY = "http://127.0.0.1:1"  # nothing listens there: every download fails at once, online or not
@@ -24,7 +27,7 @@ EPOCHS = 2  # two, so the sampler's set_epoch reshuffle is compared too
 @pytest.fixture(scope="module")
 def mnist5k_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("MNIST_5k")
-    D.write_mnist(str(root))
+    write_mnist(str(root))
     return root
 
 
@@ -63,13 +66,13 @@ def test_written_layout_is_mnist5k_as_torchvision_reads_it(mnist5k_root):
     splits = load_data(TrainConfig(dataset="mnist", data_root=str(mnist5k_root)))
     assert splits.name == "mnist-5k" and "5,000-digit" in splits.source  # never passes for the full MNIST
     before = {f: os.path.getmtime(mnist5k_root / "MNIST" / "raw" / f) for f in D.RAW_FILES}
-    D.write_mnist(str(mnist5k_root))  # the same files again: accepted, nothing rewritten
+    write_mnist(str(mnist5k_root))  # the same files again: accepted, nothing rewritten
     assert before == {f: os.path.getmtime(mnist5k_root / "MNIST" / "raw" / f) for f in D.RAW_FILES}
 
 
 def test_write_mnist_refuses_the_listings_folder_and_other_mnists(tmp_path, mnist5k_root):
     with pytest.raises(D.DataError, match="listing's MNIST folder"):
-        D.write_mnist(str(tmp_path / "MNIST_data"))
+        write_mnist(str(tmp_path / "MNIST_data"))
     assert not (tmp_path / "MNIST_data").exists()
     other = tmp_path / "other"
     raw = other / "MNIST" / "raw"
@@ -77,31 +80,24 @@ def test_write_mnist_refuses_the_listings_folder_and_other_mnists(tmp_path, mnis
     data = (mnist5k_root / "MNIST" / "raw" / "train-labels-idx1-ubyte").read_bytes()
     (raw / "train-labels-idx1-ubyte").write_bytes(data[:-1] + bytes([(data[-1] + 1) % 10]))  # one label differs
     with pytest.raises(D.DataError, match="already holds a different MNIST"):
-        D.write_mnist(str(other))
+        write_mnist(str(other))
     assert os.listdir(raw) == ["train-labels-idx1-ubyte"]  # nothing added next to it
     legacy = tmp_path / "legacy" / "MNIST" / "processed"
     legacy.mkdir(parents=True)
     with pytest.raises(D.DataError, match="processed"):
-        D.write_mnist(str(tmp_path / "legacy"))
+        write_mnist(str(tmp_path / "legacy"))
 
 
 @pytest.mark.slow
-def test_write_mnist_command_line(tmp_path):
+def test_write_mnist_command_line(tmp_path, capfd):
     p = _run([sys.executable, "-m", "ddp_helpers.data", "write-mnist", str(tmp_path / "five_k")], tmp_path)
     assert p.returncode == 0, p.stderr
     assert sorted(os.listdir(tmp_path / "five_k" / "MNIST" / "raw")) == sorted(D.RAW_FILES)
-    p = _run([sys.executable, "-m", "ddp_helpers.data", "write-mnist", str(tmp_path / "MNIST_data")], tmp_path)
-    assert p.returncode == 1 and "listing's MNIST folder" in p.stderr and "Traceback" not in p.stderr
+    from ddp_helpers.data.__main__ import main  # its refusal: the same main(), in this process
 
-
-@pytest.mark.slow
-def test_script_with_mp_spawn_matches_run_training(tmp_path, mnist5k_root, engine_run):
-    saved = tmp_path / "final.pt"
-    p = _run([sys.executable, str(SCRIPT), "--world-size", "2", "--data-root", str(mnist5k_root),
-              "--epochs", str(EPOCHS), "--save", str(saved)], tmp_path)
-    _check_against_engine(p, saved, engine_run)
-    batch_lines = [line for line in p.stdout.splitlines() if line.startswith("batch ")]
-    assert 0 < len(batch_lines) <= 2 * EPOCHS  # rank 0 logs now and then (32 batches an epoch), not every batch
+    assert main(["write-mnist", str(tmp_path / "MNIST_data")]) == 1
+    err = capfd.readouterr().err
+    assert "listing's MNIST folder" in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
 @pytest.mark.slow
@@ -110,6 +106,8 @@ def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engi
     p = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
               "--data-root", str(mnist5k_root), "--epochs", str(EPOCHS), "--save", str(saved)], tmp_path)
     _check_against_engine(p, saved, engine_run)
+    batch_lines = [line for line in p.stdout.splitlines() if line.startswith("batch ")]
+    assert 0 < len(batch_lines) <= 2 * EPOCHS  # rank 0 logs now and then (32 batches an epoch), not every batch
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """--out on a disk that is full, or fills during training: refused before the work, or the result kept elsewhere.
 
 The real cases use a small tmpfs (root, as CI is); they skip where mounting is refused. The monkeypatched ones
-run everywhere and cover the same code paths.
+run everywhere and cover the same code paths. The refusals run in a fresh interpreter, to show that nothing was
+started and torch not imported; a disk filling during training runs main() in the test's process.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -98,31 +98,54 @@ def test_full_out_is_refused_before_any_process_starts(small_disk, tmp_path):
     assert not glob.glob(str(tmp_path / "ddp_helpers-ranks-*")), "no rank may start"
 
 
+@pytest.mark.parametrize("out, why", [("{tmp}/file", "is an existing file"), ("/proc/ddp-out", "can't be written"),
+                                      ("{ro}/out", "Read-only file system")], ids=["a-file", "proc", "read-only"])
+def test_an_output_folder_that_cant_be_written_is_refused_before_training(out, why, small_disk, tmp_path):
+    """Refused at once: exit 2 in one line, before torch is imported or any process started."""
+    (tmp_path / "file").write_text("x")
+    if "{ro}" in out:
+        out = out.replace("{ro}", str(small_disk("1m,ro")))
+    out = out.replace("{tmp}", str(tmp_path))
+    code = ("import sys, psutil; from ddp_helpers.cli.train import main; code = main(sys.argv[1:]); "
+            "print(code, 'torch' in sys.modules, len(psutil.Process().children()))")
+    p = subprocess.run([sys.executable, "-c", code, "--dataset", "mnist-5k", "--no-plots", "--out", out],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["2", "False", "0"], (p.stdout, p.stderr)  # exit 2, no torch, no process started
+    assert why in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and "--out" in p.stderr, p.stderr
+
+
 # ------------------------------------------------------------------------------------ writing still fails
-def _cli_filling(disk, tmp_path, leave: int, extra=()):
-    """Run the CLI with --out on disk; once its ranks are launched (their log folder appears), fill the disk."""
-    env = {**ENV, "TMPDIR": str(tmp_path)}
-    p = subprocess.Popen([sys.executable, "-m", "ddp_helpers.train", "--dataset", "mnist-5k", "--epochs", "3",
-                          "--batch-size", "16", "--threads-per-rank", "1", "--out", str(disk / "run"), *extra],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not glob.glob(str(tmp_path / "ddp_helpers-ranks-*")) and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert p.poll() is None, "the run ended before its ranks were seen: " + p.communicate()[1]
-        _fill(disk, leave)  # after the up-front check passed, while the ranks train (750 steps)
-        out, err = p.communicate(timeout=180)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode, out, err
+def _main_filling(disk, tmp_path, monkeypatch, capfd, leave: int):
+    """The command line's main() in this process (its ranks forked) with --out on disk: the disk fills while the
+    ranks train, after the up-front check passed. Returns (exit status, stdout, stderr) as a process would have
+    them (capfd: file descriptors 1 and 2, so torch's and PIL's own writes count)."""
+    import tempfile
+
+    import ddp_helpers.engine.runner as R
+    from ddp_helpers.cli.train import main
+
+    real = R.run_training
+    filled = []
+
+    def fill_once(steps, total):
+        if not filled and min(steps) >= 1:
+            _fill(disk, leave)
+            filled.append(min(steps))
+
+    monkeypatch.setattr(R, "run_training", lambda *a, **k: real(*a, on_progress=fill_once, **k))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where a result --out can't take is kept
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    code = main(["--dataset", "mnist-5k", "--epochs", "3", "--batch-size", "16", "--threads-per-rank", "1",
+                 "--start-method", "fork", "--out", str(disk / "run")])
+    assert filled, "the disk was not filled during training"
+    captured = capfd.readouterr()
+    return code, captured.out, captured.err
 
 
-@pytest.mark.slow
-def test_disk_full_after_training_keeps_the_result_and_says_where(small_disk, tmp_path):
+def test_disk_full_after_training_keeps_the_result_and_says_where(small_disk, tmp_path, monkeypatch, capfd):
     disk = small_disk("4m")
-    code, out, err = _cli_filling(disk, tmp_path, leave=0)
+    code, out, err = _main_filling(disk, tmp_path, monkeypatch, capfd, leave=0)
     assert code == 1 and "Traceback" not in err and err.count("\n") == 1, err
     kept = glob.glob(str(tmp_path / f"{KEPT_PREFIX}*" / "result.json"))
     assert len(kept) == 1, (err, os.listdir(tmp_path))
@@ -134,10 +157,10 @@ def test_disk_full_after_training_keeps_the_result_and_says_where(small_disk, tm
     assert os.listdir(disk / "run") == [], "no half-written file left in --out"
 
 
-@pytest.mark.slow
-def test_plot_that_no_longer_fits_keeps_result_json(small_disk, tmp_path):
+def test_plot_that_no_longer_fits_keeps_result_json(small_disk, tmp_path, monkeypatch, capfd):
     disk = small_disk("4m")
-    code, out, err = _cli_filling(disk, tmp_path, leave=480_000)  # result.json (~380 KB) fits, not all 3 plots
+    # result.json (~380 KB) fits, not all 3 plots
+    code, out, err = _main_filling(disk, tmp_path, monkeypatch, capfd, leave=480_000)
     assert code == 1 and "Traceback" not in err and err.count("\n") == 1, err
     assert err.startswith(f"error: result.json was written ({disk / 'run' / 'result.json'}), but ") and \
         "could not be (No space left on device" in err and "--no-plots" in err, err

@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from ddp_helpers import TrainConfig, launch, run_training
-import ddp_helpers.data as D
+from ddp_helpers.data import write_mnist
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ddp_mnist.py"
 OTHER_KERNELS = {"default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}}
 BITWISE_CLAIMS = (
     "tests/engine/test_sync.py::test_allreduce_by_hand_equals_ddp_bitwise_at_two_ranks",  # notebook 3
-    "tests/engine/test_resume_rng.py::test_a_crashed_dropout_run_resumes_bitwise_exactly",  # notebook 6
+    "tests/engine/test_resume.py::test_a_crashed_run_resumed_from_latest_ends_like_the_uninterrupted_one",  # nb 6
     "tests/engine/test_cpu_capability.py::test_the_scripts_training_equals_run_training_bitwise",  # notebook 4
     "tests/engine/test_cpu_capability.py::test_torch_runs_the_kernels_it_was_asked_for",
 )
@@ -49,13 +49,13 @@ def _script_rank(rank: int, world_size: int, root: str, save: str) -> int:
 def test_the_scripts_training_equals_run_training_bitwise(tmp_path):
     """The script's own training code (torchvision's transforms, its loop) gives run_training's parameters.
 
-    Its ranks are forked here rather than started by its mp.spawn (tests/cli/test_example_script.py runs that path
-    with this machine's kernels): cheap enough to repeat under other kernels, where the float arithmetic of
-    torchvision's transforms and of the training could round differently.
+    Its ranks are forked here rather than started by its mp.spawn (notebook 4 runs that, natively and with other
+    kernels; tests/cli/test_example_script.py runs the script under torchrun): cheap enough to run with this
+    machine's kernels and again under others, where the float arithmetic of torchvision's transforms and of the
+    training could round differently.
     """
-    _only_under_other_kernels()
     root, saved = str(tmp_path / "MNIST_5k"), str(tmp_path / "final.pt")
-    D.write_mnist(root)
+    write_mnist(root)
     importlib.import_module("torchvision")  # once here, not in each forked rank
     codes = launch(_script_rank, 2, args=(root, saved), start_method="fork", init_group=False,
                    threads_per_rank=1)

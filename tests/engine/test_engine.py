@@ -1,5 +1,5 @@
 """The engine's parts, one at a time: the step plan, the recording hook, results back into a model, no side
-effects on the caller, and functions short enough to read."""
+effects on the caller, the loop's edges (uneven shards, loader workers), and functions short enough to read."""
 from __future__ import annotations
 
 import ast
@@ -132,6 +132,38 @@ def test_the_callers_random_state_and_threads_are_left_alone(call, small_cfg):
     after_rng, after_threads = _caller_state()
     assert torch.equal(rng, after_rng), f"{call} moved the caller's torch random state"
     assert after_threads == threads, f"{call} changed torch's thread count from {threads} to {after_threads}"
+
+
+# ------------------------------------------------------------------------------------------ the loop's edges
+@pytest.mark.slow
+def test_uneven_data_never_hangs_three_ranks():
+    """4,000 samples over 3 ranks: DistributedSampler pads to 1,334 each, so all ranks take 21 steps."""
+    res = run_training(TrainConfig(dataset="mnist-5k", world_size=3, threads_per_rank=1), progress=False,
+                       start_method="fork")
+    assert [len(r) for r in res.ranks] == [21, 21, 21]
+    assert res.fingerprints_agree()
+    last = res.ranks[0].sample_indices[-1]
+    assert (last >= 0).sum() == 1334 - 20 * 64  # the short last batch is the same size on every rank
+
+
+def test_seed_pipeline_stops_its_loader_workers_before_the_rank_ends(tmp_path, monkeypatch):
+    # A rank ends with os._exit, which skips the finalizers of live DataLoader workers' queues: their
+    # semaphores then "leak" (Python warns at shutdown). The loop must release its loader first.
+    import psutil
+
+    import ddp_helpers.engine.worker as W
+
+    original = W.evaluate
+
+    def evaluate_and_count_workers(model, data, rank, *args, **kwargs):
+        # evaluate runs right after the training loop: the loader's workers must be gone by now
+        (tmp_path / f"rank{rank}").write_text(str(len(psutil.Process().children())))
+        return original(model, data, rank, *args, **kwargs)
+
+    monkeypatch.setattr(W, "evaluate", evaluate_and_count_workers)  # forked ranks inherit the patch
+    cfg = TrainConfig(dataset="mnist-5k", max_steps=3, threads_per_rank=1, pipeline="seed", num_workers=2)
+    run_training(cfg, progress=False, start_method="fork")
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["0", "0"]
 
 
 # ------------------------------------------------------------------------------------------ readable code

@@ -136,22 +136,57 @@ def test_resume_past_the_last_epoch_is_refused(tmp_path, no_ranks):
     assert not no_ranks
 
 
-def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "ddp_helpers.train", *args], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=180)
+@pytest.mark.parametrize("setting, value", [("batch_size", 32), ("lr", 0.1)])
+def test_resume_with_other_settings_is_refused(setting, value, tmp_path, no_ranks):
+    payload = _good_payload(SMALL)
+    path = save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"])
+    with pytest.raises(ConfigError, match=setting):
+        run_training(SMALL.replace(resume_from=path, **{setting: value}), progress=False)
+    assert not no_ranks
+
+
+def test_a_torchrun_rank_names_a_resume_with_other_settings_by_its_flag(tmp_path, monkeypatch, capfd):
+    """One rank of a torchrun job (its variables set here; every rank checks for itself, before its process
+    group) refuses in the words of the command line. A real torchrun job refusing a resume, each rank saying so
+    in one line: test_torchrun_unreadable_checkpoint_is_named_by_every_rank."""
+    import ddp_helpers.ranks.rank
+    import ddp_helpers.ranks.torchrun_errors
+    from ddp_helpers.cli.train import main
+
+    cfg = SMALL.replace(momentum=0.9)
+    payload = _good_payload(cfg)
+    ckpt = save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"])
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT="29500").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(ddp_helpers.ranks.torchrun_errors, "record_atomically", lambda fn: fn)  # elastic's @record
+    monkeypatch.setattr(ddp_helpers.ranks.rank, "run_rank", lambda *a, **k: pytest.fail("the rank went on"))
+    flags = ["--dataset", "mnist-5k", "--threads-per-rank", "1", "--no-plots", "--momentum", "0.9",
+             "--resume-from", ckpt, "--out", str(tmp_path / "out")]
+    assert main([*flags, "--lr", "0.5"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: --lr 0.5 differs from the checkpoint's 0.01") and err.count("\n") == 1, err
+    assert not (tmp_path / "out" / "result.json").exists()
+    assert check_resume(cfg.replace(resume_from=ckpt)) == 4  # with its own settings it resumes: the lr was refused
 
 
 @pytest.mark.parametrize("kind", ["text", "other-shape"])
-@pytest.mark.slow
-def test_cli_bad_checkpoint_is_one_line_and_exit_2(kind, tmp_path):
+def test_cli_bad_checkpoint_is_one_line_and_exit_2(kind, tmp_path, capfd, recwarn):
+    """In this process: capfd reads file descriptor 2 (torch's own writes count), recwarn the Python warnings a real
+    process would print. (A real process refusing a checkpoint: the unreadable one below.)"""
+    from ddp_helpers.cli.train import main
+
     path = _write(tmp_path / f"ckpt-{kind}.pt", kind)
-    p = _cli(["--dataset", "mnist-5k", "--max-steps", "12", "--resume-from", path, "--out", str(tmp_path / "o")],
-             tmp_path)
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith(f"error: --resume-from {path} is not accepted: ") and CASES[kind] in p.stderr
-    assert "or leave out --resume-from to start over" in p.stderr, p.stderr
-    assert "weights_only=False" not in p.stderr
+    code = main(["--dataset", "mnist-5k", "--max-steps", "12", "--resume-from", path, "--start-method", "fork",
+                 "--out", str(tmp_path / "o")])
+    err = capfd.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"error: --resume-from {path} is not accepted: ") and CASES[kind] in err
+    assert "or leave out --resume-from to start over" in err, err
+    assert "weights_only=False" not in err
+    quiet = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)  # unprinted by default
+    assert not [w for w in recwarn if not issubclass(w.category, quiet)], [str(w.message) for w in recwarn]
 
 
 # ------------------------------------------------------------------ a checkpoint this user can't read

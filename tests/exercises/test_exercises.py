@@ -182,13 +182,28 @@ def test_an_unexpected_error_is_named_with_its_line(capsys):
     assert "Traceback" not in capsys.readouterr().out
 
 
-def test_one_ranks_mistake_ends_init_group_at_once():
-    """Rank 1's wrong rank is named before the rendezvous; rank 0, already waiting there (20 s timeout), is ended."""
+def test_one_ranks_mistake_ends_init_group_at_once(tmp_path, monkeypatch):
+    """Rank 1's wrong rank is named before the rendezvous; rank 0, already waiting there (20 s timeout), is ended:
+    the check returns well within that timeout of the moment rank 1's mistake was named."""
+    import ddp_helpers.exercises._harness as H
+    import ddp_helpers.exercises.init_group as G
+
+    found = G._membership_problem
+
+    def noted(a, rank, world_size):  # in the rank: the moment the watched init_process_group names the mistake
+        problem = found(a, rank, world_size)
+        if problem is not None:
+            (tmp_path / f"rank{rank}").write_text(repr(time.monotonic()))  # CLOCK_MONOTONIC: every process's
+        return problem
+
+    monkeypatch.setattr(G, "_membership_problem", noted)
+    monkeypatch.setattr(H, "START_METHOD", "fork")  # the ranks inherit the patch
     wrong = next(w for w in WRONG if (w.exercise, w.mistake) == ("init_group", "wrong_rank"))
-    start = time.monotonic()
     result = EXERCISES["init_group"](wrong.fn, quiet=True)
+    returned = time.monotonic()
     assert result.mistake == "wrong_rank"
-    assert time.monotonic() - start < 10, "the check waited for rank 0's rendezvous timeout"
+    named = float((tmp_path / "rank1").read_text())
+    assert returned - named < 10, "the check waited for rank 0's rendezvous timeout"
 
 
 @pytest.mark.parametrize("name", ["init_group", "global_mean"])

@@ -169,13 +169,14 @@ def test_no_notebook_cell_reads_above_its_folder():
 def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
     """Build the wheel, install it into a folder outside the repo, run its console script from there.
 
-    make test then runs nbval over such a copy (tools/pip_user.py, the same build and install), so every copied
-    notebook is executed from its own folder with the installed package; this test checks what the copy holds.
+    make test then runs nbval over such a copy (tools/pip_user.py, the same wheel, built once per state of its
+    sources, and the same install), so every copied notebook is executed from its own folder with the installed
+    package; this test checks what the copy holds.
     """
     pip_user = _tool("pip_user")
     target, work = tmp_path / "site-packages", tmp_path / "work"
     work.mkdir()
-    env = pip_user.install(pip_user.build_wheel(tmp_path / "wheel"), target)
+    env = pip_user.install(pip_user.cached_wheel(), target)
     files = _repo_files()
     package = target / "ddp_helpers"
     shipped = sorted(p.relative_to(package).as_posix() for folder in ("notebooks", "examples")
@@ -197,6 +198,23 @@ def test_wheel_installed_elsewhere_ships_the_notebooks(tmp_path):
                             env=env, capture_output=True, text=True)
     notebooks = sum(rel.endswith(".ipynb") for rel in files)
     assert forced.returncode == 0 and f"copied {notebooks} notebooks and the 2 scripts" in forced.stdout, forced.stderr
+
+
+def test_the_wheel_cache_is_keyed_by_every_file_that_goes_into_the_wheel(tmp_path):
+    """build/wheel-cache/<key>: a changed notebook or module is a new key (a new build); a byte-code cache isn't."""
+    pip_user = _tool("pip_user")
+    (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[project]\nreadme = "README.md"\n[tool.setuptools]\npackages = ["pkg", '
+                                             '"pkg.nb"]\n[tool.setuptools.package-dir]\n"pkg.nb" = "nb"\n')
+    for name, text in (("README.md", "read me"), ("pkg/__init__.py", ""), ("nb/a.ipynb", "{}")):
+        (tmp_path / name).write_text(text)
+    key = pip_user.sources_key(tmp_path)
+    (tmp_path / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    assert pip_user.sources_key(tmp_path) == key
+    (tmp_path / "nb" / "a.ipynb").write_text("{ }")
+    assert pip_user.sources_key(tmp_path) != key
+    assert pip_user.sources_key() == pip_user.sources_key(ROOT) and len(key) == 16
 
 
 @pytest.mark.skipif(__import__("os").name == "nt", reason="no ipc transport on Windows (the plugin does nothing)")

@@ -1,4 +1,5 @@
-"""The macOS and Windows branches, tested on Linux by monkeypatching; and ranks that die with their parent."""
+"""The macOS and Windows branches, tested on Linux by monkeypatching; importing launch without torch, warm_up.
+(Ranks that die with their parent: test_nothing_outlives.py.)"""
 from __future__ import annotations
 
 import multiprocessing
@@ -7,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
@@ -18,8 +18,6 @@ from ddp_helpers.engine import faults
 from ddp_helpers.ranks.launcher import check_start_method, resolve_start_method
 from ddp_helpers.engine.runner import ProgressBar
 from ddp_helpers.engine.telemetry import RunRows, TableShape, create_rank_tables
-
-from _procs import survivors_of_killed
 
 
 def test_auto_is_forkserver_where_the_platform_has_it_else_spawn(monkeypatch):
@@ -79,82 +77,12 @@ def test_progress_bar_counts_from_the_first_step(tmp_path):
         rows.close()
 
 
-PARENT = textwrap.dedent("""
-    import os, sys, time
-    from ddp_helpers import launch
-
-    def sleepy(rank, world_size, marks):
-        open(os.path.join(marks, f"rank{rank}"), "w").close()  # running fn: the test kills the parent now
-        time.sleep(60)
-
-    if __name__ == "__main__":
-        print("launching", flush=True)
-        launch(sleepy, 2, args=(sys.argv[2],), start_method=sys.argv[1])
-""")
-
-
 def test_importing_launch_leaves_torch_unloaded():
     """A spawned rank re-imports its program's main module before boot.rank_main ties its life to the parent's: a
-    script that imports only `launch` (PARENT above) gets there in a fraction of a second, not after torch."""
+    script that imports only `launch` gets there in a fraction of a second, not after torch."""
     code = "import sys; from ddp_helpers import launch; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
-
-
-@pytest.mark.parametrize("method, moment", [("auto", "starting"), ("auto", "running"), ("spawn", "starting"),
-                                            ("spawn", "running")])
-@pytest.mark.slow
-def test_ranks_die_with_a_parent_killed_at_any_moment(tmp_path, method, moment):
-    script, marks = tmp_path / "parent.py", tmp_path / "marks"
-    script.write_text(PARENT)
-    marks.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script), method, str(marks)], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert parent.stdout.readline().strip() == "launching"
-    if moment == "starting":
-        time.sleep(0.3)  # the ranks are still starting (importing torch under spawn)
-    else:  # both ranks run fn (each has written its mark)
-        deadline = time.monotonic() + 120
-        while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
-            time.sleep(0.05)
-        assert len(list(marks.iterdir())) == 2, f"the ranks never ran fn (parent exit code {parent.poll()})"
-    names = survivors_of_killed(parent)
-    assert not names, f"{len(names)} process(es) outlived their parent by 5 s: {names}"
-
-
-SLOW_PRELOAD_PARENT = textwrap.dedent("""
-    import os
-    from ddp_helpers import launch
-
-    def hello(rank, world_size):
-        return rank
-
-    if __name__ == "__main__":
-        os.environ["DDP_HELPERS_PRELOAD"] = "slow_preload"  # inside the server's watch: a server still preloading
-        print("launching", flush=True)
-        launch(hello, 2, start_method="forkserver")
-""")
-
-
-@pytest.mark.slow
-def test_a_forkserver_still_preloading_ends_with_its_killed_launcher(tmp_path):
-    (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(30)\n")
-    script = tmp_path / "parent.py"
-    script.write_text(SLOW_PRELOAD_PARENT)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root, env=env)
-    assert parent.stdout.readline().strip() == "launching"
-    deadline = time.monotonic() + 30
-    server = []
-    while not server and time.monotonic() < deadline:  # the server (and its resource tracker) have started
-        server = [p for p in psutil.Process(parent.pid).children(recursive=True)
-                  if "forkserver" in " ".join(p.cmdline())]
-        time.sleep(0.1)
-    assert server, "the forkserver never started"
-    time.sleep(1.0)  # it is now inside the 30 s preload
-    names = survivors_of_killed(parent)
-    assert not names, f"{len(names)} process(es) outlived their launcher by 5 s: {names}"
 
 
 WARM_UP_THEN_LAUNCH = textwrap.dedent("""
