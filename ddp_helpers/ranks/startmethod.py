@@ -56,9 +56,13 @@ def _in_launching_process() -> bool:
         return False  # a process multiprocessing started: a rank
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):
         return False  # a spawned rank re-importing the main script (spawn._main, before its bootstrap)
-    in_server = (sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules
-                 and os.environ.get("DDP_HELPERS_LAUNCHER_PID") == str(os.getppid()))  # its launcher named itself
-    return not in_server
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    frame = sys._getframe()
+    while frame is not None and forkserver is not None:  # the server runs its preloads inside its main()
+        if frame.f_code is forkserver.main.__code__:
+            return False
+        frame = frame.f_back
+    return True
 
 
 def warm_up() -> None:

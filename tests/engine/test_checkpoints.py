@@ -56,17 +56,40 @@ def _mount_tmpfs(path, options: str) -> None:
         pytest.skip(f"can't mount a tmpfs here ({done.stderr.decode().strip()}); needs root")
 
 
-def test_a_full_disk_while_checkpointing_is_named_and_leaves_no_partial_file(tmp_path):
+def _fills_the_disk_at(step_to_fill: int):
+    """save_checkpoint as the ranks call it, but at step_to_fill another program has just filled the disk."""
+    from ddp_helpers.engine import checkpoint
+
+    real = checkpoint.save_checkpoint
+
+    def save(directory, step, *args, **kwargs):
+        if step == step_to_fill:
+            with open(os.path.join(directory, "..", "filler"), "wb") as fh:  # the tmpfs's other file
+                try:
+                    while True:
+                        fh.write(b"\0" * 65536)
+                except OSError:
+                    pass  # full
+        return real(directory, step, *args, **kwargs)
+    return save
+
+
+def test_a_full_disk_while_checkpointing_is_named_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    from ddp_helpers.engine import checkpoint
+
     disk = tmp_path / "small"
-    _mount_tmpfs(disk, "size=48k")  # a checkpoint with momentum needs ~64 KB
+    _mount_tmpfs(disk, "size=1m")  # room for the run's 6 checkpoints (checked before training) ...
+    (disk / "ckpt").mkdir()
+    monkeypatch.setattr(checkpoint, "save_checkpoint", _fills_the_disk_at(4))  # ... until another program fills it
     try:
         with pytest.raises(RankFailedError) as e:
-            run_training(SMALL.replace(momentum=0.9, checkpoint_dir=str(disk), checkpoint_every=2), progress=False)
+            run_training(SMALL.replace(momentum=0.9, checkpoint_dir=str(disk / "ckpt"), checkpoint_every=2),
+                         progress=False, start_method="fork")
         err = e.value
         assert err.rank == 0 and "no space left on the device" in str(err) and str(disk) in str(err)
         assert isinstance(err.original, OSError)
-        assert os.listdir(disk) == []  # no ckpt-*.pt.tmp<pid> left behind
-        assert err.partial_result is not None and err.partial_result.n_steps == 2  # the steps made before it
-        assert err.partial_result.fingerprints_agree()
+        assert os.listdir(disk / "ckpt") == ["ckpt-0000002.pt"]  # no ckpt-*.pt.tmp<pid> left behind
+        assert err.partial_result is not None and err.partial_result.n_steps == 4  # the steps made before it
+        assert err.partial_result.fingerprints_agree() and err.partial_result.final_params is not None
     finally:
         subprocess.run(["umount", str(disk)])
