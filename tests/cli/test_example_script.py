@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddp_helpers import TrainConfig, load_data, run_training
-from ddp_helpers.data import sources as D
+import ddp_helpers.data as D
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ddp_mnist.py"
 DEAD_PROXY = "http://127.0.0.1:1"  # nothing listens there: every download fails at once, online or not

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from ddp_helpers import TrainConfig, launch, run_training
-from ddp_helpers.data import sources as D
+import ddp_helpers.data as D
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ddp_mnist.py"
