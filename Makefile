@@ -15,7 +15,9 @@ FLOOR = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.t
 $(STAMP): pyproject.toml
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c 'import sys; v = sys.version_info[:2]; sys.exit(v < tuple(map(int, "$(FLOOR)".split("."))) and f"make env: {sys.executable} is Python {v[0]}.{v[1]}; the package, its tests and nbgrader 0.9.6 (the teacher extra) need Python >= $(FLOOR). Give one: make PYTHON=python$(FLOOR) demo (remove $(VENV) first if it holds the old one)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
+	@# setuptools>=77 (build-system.requires) into the venv itself: tools/pip_user.py builds the wheel offline with it
+	@# (--no-build-isolation), and a new venv has none (3.12+) or an older one (3.11: 65.5, which rejects the license).
+	$(PY) -m pip install -q --upgrade pip "setuptools>=77" > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
 	$(PY) -m pip install -q -e ".[test,teacher]" >> $(VENV)/install.log 2>&1 || (grep -v "^WARNING: Location" $(VENV)/install.log | tail -40; exit 1)
 	@# nbgrader (the teacher extra, which the tests need) stays out of JupyterLab: make lab shows the learner's Lab.
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader > /dev/null 2>&1 || true
