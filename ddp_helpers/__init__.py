@@ -4,8 +4,7 @@ Names are imported lazily, so a rank started by spawn loads only what it uses (n
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .common.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -25,14 +24,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'ddp_helpers' has no attribute {name!r}")
-
-
-def __dir__() -> list:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -3,8 +3,7 @@ sees them (splits). `python -m ddp_helpers.data write-mnist ROOT` writes the off
 MNIST looks for them. Names are imported on first use, so `ddp_helpers.data.catalog` loads no torch."""
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..common.lazy import lazy_exports
 
 _EXPORTS = {
     "DATASETS": "catalog", "DEFAULT_DATA_ROOT": "catalog", "steps_per_epoch": "catalog",
@@ -16,14 +15,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'ddp_helpers.data' has no attribute {name!r}")
-
-
-def __dir__() -> list:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,0 +1,23 @@
+"""Lazy exports: a package's public names imported from their modules on first use, not at import time."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, Tuple
+
+
+def lazy_exports(package: str, exports: Dict[str, str],
+                 namespace: Dict[str, Any]) -> Tuple[Callable[[str], Any], Callable[[], list]]:
+    """The module-level `__getattr__` and `__dir__` of `package`, whose names live in the submodules `exports` maps
+    them to (relative to `package`); a name once imported is kept in `namespace`, the package's globals()."""
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+            namespace[name] = value  # later lookups find it without calling __getattr__
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list:
+        return sorted(set(namespace) | set(exports))
+
+    return __getattr__, __dir__
