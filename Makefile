@@ -37,8 +37,9 @@ demo: env
 # outputs must not (notebooks/README.md says how they avoid it).
 NBVAL         = -m pytest -p nbval_ipc --nbval --nbval-sanitize-with notebooks/nbval_sanitize.cfg -q -p no:cacheprovider
 OTHER_KERNELS = ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
-NUMERIC_NBS   = notebooks/03_ddp_gradient_sync.ipynb notebooks/03b_build_ddp_sync.ipynb \
-                notebooks/04_two_process_mnist.ipynb notebooks/05_beyond_the_basics.ipynb
+NUMERIC_NBS   = notebooks/00_core_path.ipynb notebooks/03_ddp_gradient_sync.ipynb \
+                notebooks/03b_build_ddp_sync.ipynb notebooks/04_two_process_mnist.ipynb \
+                notebooks/05_beyond_the_basics.ipynb
 
 # Every test: unit and process tests; the executed notebooks compared by nbval as a pip user gets them
 # (tools/pip_user.py: the wheel installed outside the repository, the notebooks copied out by its console script);

@@ -25,14 +25,25 @@ def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Seq
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
         ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=BUCKET_COLORS[i % len(BUCKET_COLORS)])
-        ax.text(start + length / 2, y, f"{i}", ha="center", va="center", fontsize=7, color="white")
+        if length > 0.025:  # a number on a sliver would run into its neighbours'
+            ax.text(start + length / 2, y, f"{i}", ha="center", va="center", fontsize=7, color="white")
         free = start + length
     return free
 
 
+def draw_hook_overlap(param_bytes: Sequence[int], names: Optional[Sequence[str]] = None,
+                      comm_per_compute: float = 1.0) -> Diagram:
+    """Schematic: one all-reduce after backward (notebook 3b's step 1) against one per gradient, each started as
+    soon as backward has produced it (step 2)."""
+    per_gradient = [[p] for p in reversed(range(len(param_bytes)))]
+    return draw_bucket_overlap(param_bytes, per_gradient, names, comm_per_compute, per_gradient=True)
+
+
 def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[int]],
-                        names: Optional[Sequence[str]] = None, comm_per_compute: float = 1.0) -> Diagram:
-    """Schematic: the same backward with one all-reduce after it, and with buckets sent as they fill.
+                        names: Optional[Sequence[str]] = None, comm_per_compute: float = 1.0,
+                        per_gradient: bool = False) -> Diagram:
+    """Schematic: the same backward with one all-reduce after it, and with buckets sent as they fill
+    (per_gradient: each bucket is one gradient, drawn and described as such: draw_hook_overlap).
 
     param_bytes: each parameter's gradient bytes, in model.parameters() order; buckets: the parameter indices of
     each bucket, in the order they are sent (DDP's: last layer first). Backward produces the gradients in
@@ -69,18 +80,23 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
     ax.set_ylim(-0.6, 4.0)
     ax.set_xlabel("time (schematic: in proportion to the bytes of each gradient)", fontsize=8)
     ax.set_xticks([])
-    ax.set_title(f"top: one all-reduce after backward; bottom: {len(buckets)} buckets, each sent when its last "
-                 "gradient is ready", fontsize=9)
+    bottom = (f"{len(buckets)} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
+              else f"{len(buckets)} buckets, each sent when its last gradient is ready")
+    ax.set_title(f"top: one all-reduce after backward; bottom: {bottom}", fontsize=9)
     handles = [Patch(color="#7f7f7f", label="backward computes one parameter's gradient (last layer first)"),
-               Patch(color=BUCKET_COLORS[0], label="a bucket's all-reduce (number: the bucket)")]
+               Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (number: the order sent)" if per_gradient
+                     else "a bucket's all-reduce (number: the bucket)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     first = [names[p] for p in buckets[0]] if names is not None else None
     alt = (f"Schematic of one backward pass, twice. Top: backward computes all {len(param_bytes)} gradients, last "
            "layer first, and only then one all-reduce sends them all, so the whole transfer adds to the step. "
-           f"Bottom: the gradients go into {len(buckets)} buckets"
-           + (f" (the first holds {', '.join(first)})" if first else "") +
-           "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes "
-           "the earlier layers, so only the last bucket's transfer is left when backward ends, and the step can "
+           + (f"Bottom: each of the {len(buckets)} gradients has an all-reduce of its own, started as soon as "
+              "backward has produced it, while backward computes the earlier layers, so when backward ends only "
+              "the transfers still queued are left, and the step can " if per_gradient else
+              f"Bottom: the gradients go into {len(buckets)} buckets"
+              + (f" (the first holds {', '.join(first)})" if first else "") +
+              "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes "
+              "the earlier layers, so only the last bucket's transfer is left when backward ends, and the step can ") +
            f"go on sooner ({ends['buckets'] / ends['one all-reduce after backward']:.0%} of the time of the top "
            "row in this schematic).")
     return Diagram(fig, alt)

@@ -167,7 +167,13 @@ def plot_shard_strip(epochs: Dict[str, Sequence[Sequence[int]]], n: int, first: 
 def plot_captured_grads(result: TrainResult, step: int = 0, max_points: int = 2000) -> Figure:
     """Scatter of rank 0's vs rank 1's gradient entries at one step, before and after the all-reduce."""
     cap = result.captured_grads[step]
-    local, synced = cap["local"], cap["synced"]
+    return plot_gradient_pairs(cap["local"], cap["synced"], step, max_points)
+
+
+def plot_gradient_pairs(local: np.ndarray, synced: np.ndarray, step: int = 0, max_points: int = 2000) -> Figure:
+    """Scatter of rank 0's vs rank 1's gradient entries, before (local) and after (synced) the all-reduce; each
+    array holds one row per rank."""
+    local, synced = np.asarray(local), np.asarray(synced)
     fig = Figure(figsize=(7, 3.4), dpi=150, layout="constrained")
     a1, a2 = fig.subplots(1, 2, sharex=True, sharey=True)
     m = min(max_points, local.shape[1])

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from matplotlib.figure import Figure
 
 from ddp_helpers import launch
-from ddp_helpers.lesson.ddp_diagrams import draw_bucket_overlap, draw_holdings, draw_join, draw_resume
+from ddp_helpers.lesson.ddp_diagrams import (draw_bucket_overlap, draw_holdings, draw_hook_overlap, draw_join,
+                                             draw_resume)
 from ddp_helpers.lesson.diagrams import Diagram, draw_rendezvous, draw_ring, ring_received
 from ddp_helpers.lesson.rendezvous import RecordingStore, address_owner
 
@@ -74,6 +75,16 @@ def test_bucket_overlap_says_how_many_buckets_and_what_overlap_saves():
     assert 0 < saved < 100
     one = draw_bucket_overlap(param_bytes, [[5, 4, 3, 2, 1, 0]])
     assert "(100% of the time" in one.alt  # one bucket: nothing overlaps
+
+
+def test_hook_overlap_sends_each_gradient_alone_and_leaves_only_the_first_layers_transfer():
+    param_bytes, _ = _bucket_case()
+    d = draw_hook_overlap(param_bytes, ["w0", "b0", "w1", "b1", "w2", "b2"])
+    assert "each of the 6 gradients has an all-reduce of its own" in d.alt and "bucket" not in d.alt
+    per_gradient = float(d.alt.split("sooner (")[1].split("%")[0])
+    two_buckets = float(draw_bucket_overlap(param_bytes, _bucket_case()[1]).alt.split("sooner (")[1].split("%")[0])
+    # the same transfers, started earlier: never later than two buckets, and sooner than one all-reduce
+    assert per_gradient <= two_buckets and per_gradient < 100
 
 
 def test_bucket_overlap_refuses_buckets_that_miss_a_parameter():

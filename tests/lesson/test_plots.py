@@ -1,4 +1,5 @@
-"""plot_shard_strip: the image it draws maps every sample index to the rank that owns it, epoch by epoch."""
+"""plot_shard_strip: the image it draws maps every sample index to the rank that owns it, epoch by epoch;
+plot_gradient_pairs: one point per gradient entry, rank 0 across and rank 1 up."""
 from __future__ import annotations
 
 import numpy as np
@@ -60,3 +61,16 @@ def test_fingerprint_plot_says_in_words_when_no_rank_ever_differs_and_draws_the_
     diverged.ranks[1].param_fingerprint[2] = "0" * 16  # rank 1 differs after step 2
     (line,) = plot_fingerprints(diverged).axes[1].lines
     assert list(line.get_ydata()).count(1) == 1 and max(line.get_ydata()) == 1
+
+
+def test_gradient_pairs_put_rank_0_across_and_rank_1_up_before_and_after_the_all_reduce():
+    from ddp_helpers.lesson.plots import plot_gradient_pairs
+
+    local = np.array([[1.0, 2.0, 3.0], [3.0, 0.0, 1.0]])
+    synced = np.tile(local.mean(axis=0), (2, 1))
+    before, after = plot_gradient_pairs(local, synced).axes
+    (points,) = before.collections
+    assert np.array_equal(points.get_offsets(), local.T)  # (rank 0's entry, rank 1's entry) per point
+    (points,) = after.collections
+    xy = np.asarray(points.get_offsets())
+    assert np.array_equal(xy[:, 0], xy[:, 1])  # synchronized: every point on the diagonal

@@ -40,7 +40,9 @@ def test_notebooks_exist_in_reading_order():
     names = [p.name for p in NOTEBOOKS]
     assert len(names) >= 6, f"expected the six numbered notebooks in {NOTEBOOK_DIR}, found {names}"
     numbers = [int(n[:2]) for n in names if n[2] == "_"]
-    assert numbers == list(range(1, len(numbers) + 1)), f"notebooks must be numbered 01, 02, ... without gaps: {names}"
+    first = 0 if names[0] == "00_core_path.ipynb" else 1  # notebook 0 is the core path, before the numbered ones
+    assert numbers == list(range(first, first + len(numbers))), \
+        f"notebooks must be numbered 01, 02, ... without gaps (00 only for the core path): {names}"
     inserted = [n for n in names if n[2] != "_"]
     assert all(int(n[:2]) in numbers for n in inserted), f"a lettered notebook follows a numbered one: {inserted}"
     assert (NOTEBOOK_DIR / "README.md").is_file(), "notebooks/README.md lists the notebooks in reading order"

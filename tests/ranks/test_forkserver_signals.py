@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from _procs import default_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,7 +43,8 @@ def test_ctrl_c_to_the_process_group_while_the_server_imports_leaves_it_working(
            "DDP_HELPERS_PROGRESS": "0"}
     proc = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-                            start_new_session=True)  # its own process group, as a Jupyter kernel has
+                            start_new_session=True,  # its own process group, as a Jupyter kernel has
+                            preexec_fn=default_signals)  # SIGINT at its default, also in a background job
     try:
         assert proc.stdout.readline().strip() == "warming"
         deadline = time.monotonic() + 60
