@@ -23,7 +23,7 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 
 
 def fingerprint(tensors) -> int:
-    """A 64-bit hash (XXH3) of the tensors' bytes: equal exactly when the values are bitwise equal.
+    """A 64-bit hash (XXH3) of the tensors' bytes: equal when the values are bitwise equal (a collision: 1 in 2**64).
 
     Accepts one tensor or an iterable of them (e.g. model.parameters()), hashed in order without copying.
     NumPy arrays are accepted too: CPU views made once (`p.detach().numpy()`) skip the per-call conversions.

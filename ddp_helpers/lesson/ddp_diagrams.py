@@ -17,6 +17,8 @@ from .plots import _color
 
 
 # ------------------------------------------------------------------------------------- buckets and overlap
+SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backward's colour in these diagrams
+
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
                  param_bytes: Sequence[int], rate: float) -> float:
     """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end."""
@@ -24,7 +26,7 @@ def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Seq
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
-        ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=BUCKET_COLORS[i % len(BUCKET_COLORS)])
+        ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=SEND_COLORS[i % len(SEND_COLORS)])
         if length > 0.025:  # a number on a sliver would run into its neighbours'
             ax.text(start + length / 2, y, f"{i}", ha="center", va="center", fontsize=7, color="white")
         free = start + length
@@ -88,18 +90,23 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
                      else "a bucket's all-reduce (number: the bucket)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     first = [names[p] for p in buckets[0]] if names is not None else None
-    alt = (f"Schematic of one backward pass, twice. Top: backward computes all {len(param_bytes)} gradients, last "
-           "layer first, and only then one all-reduce sends them all, so the whole transfer adds to the step. "
-           + (f"Bottom: each of the {len(buckets)} gradients has an all-reduce of its own, started as soon as "
-              "backward has produced it, while backward computes the earlier layers, so when backward ends only "
-              "the transfers still queued are left, and the step can " if per_gradient else
-              f"Bottom: the gradients go into {len(buckets)} buckets"
-              + (f" (the first holds {', '.join(first)})" if first else "") +
-              "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes "
-              "the earlier layers, so only the last bucket's transfer is left when backward ends, and the step can ") +
-           f"go on sooner ({ends['buckets'] / ends['one all-reduce after backward']:.0%} of the time of the top "
-           "row in this schematic).")
+    alt = _overlap_alt(len(param_bytes), len(buckets), first, ends["buckets"] / ends["one all-reduce after backward"],
+                       per_gradient)
     return Diagram(fig, alt)
+
+
+def _overlap_alt(n_params: int, n_sends: int, first: Optional[Sequence[str]], share: float, per_gradient: bool) -> str:
+    """draw_bucket_overlap's alt text: what the two rows show, and the bottom row's time as a share of the top's."""
+    bottom = (f"Bottom: each of the {n_sends} gradients has an all-reduce of its own, started as soon as backward has "
+              "produced it, while backward computes the earlier layers, so when backward ends only the transfers "
+              "still queued are left, and the step can " if per_gradient else
+              f"Bottom: the gradients go into {n_sends} buckets" + (f" (the first holds {', '.join(first)})" if first
+                                                                  else "") +
+              "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes the "
+              "earlier layers, so only the last bucket's transfer is left when backward ends, and the step can ")
+    return (f"Schematic of one backward pass, twice. Top: backward computes all {n_params} gradients, last layer "
+            "first, and only then one all-reduce sends them all, so the whole transfer adds to the step. " + bottom
+            + f"go on sooner ({share:.0%} of the time of the top row in this schematic).")
 
 
 # --------------------------------------------------------------------------------------------------- Join
