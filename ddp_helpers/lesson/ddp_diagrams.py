@@ -19,6 +19,7 @@ from .plots import _color
 # ------------------------------------------------------------------------------------- buckets and overlap
 SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backward's colour in these diagrams
 
+
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
                  param_bytes: Sequence[int], rate: float) -> float:
     """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end."""
