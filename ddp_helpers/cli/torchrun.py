@@ -49,6 +49,28 @@ def run_folder() -> str:
     return path
 
 
+def wait_for_peer_rows(rows: Any, rank: int, stall_s: float = 2.0, limit_s: float = 10.0) -> None:
+    """Wait until every rank whose rows this process sees has recorded the steps this rank recorded.
+
+    The ranks finished those steps together (each ends in an all-reduce), but a peer may still be writing the
+    last one's row when this rank fails: under load, a partial result written at once lost rank 0's last step.
+    Stops when no count has moved for stall_s (a peer that died earlier never catches up), or after limit_s.
+    """
+    target = rows.count(rank)
+    start = moved = time.monotonic()
+    last: Optional[List[int]] = None
+    while True:
+        counts = [rows.count(r) for r in range(rows.world_size) if r not in rows.missing()]
+        if all(c >= target for c in counts):
+            return
+        now = time.monotonic()
+        if counts != last:
+            last, moved = counts, now
+        if now - moved > stall_s or now - start > limit_s:
+            return
+        time.sleep(0.01)
+
+
 class Leaver:
     """What a failing rank leaves: its report, then the job's partial result, once, whoever calls first (the
     rank's own exception path, or the SIGTERM torchrun's agent sends when a peer failed)."""
@@ -71,6 +93,7 @@ class Leaver:
         try:
             write_report(self.run_dir, self.rank, report)
             failure = diagnose(read_reports(self.run_dir, world), self.run_dir, world)
+            wait_for_peer_rows(self.job.rows, self.rank)
             partial = self.job.result(complete=False)
             partial.notes.append(f"attempt {_attempt()} failed: rank {failure.rank}: {failure.message}")
             hidden = self.job.rows.missing()
