@@ -57,10 +57,12 @@ def wait_for_peer_rows(rows: Any, rank: int, stall_s: float = 2.0, limit_s: floa
     Stops when no count has moved for stall_s (a peer that died earlier never catches up), or after limit_s.
     """
     target = rows.count(rank)
+    hidden = rows.missing()  # their files are on other machines: nothing to wait for here
+    visible = [r for r in range(rows.world_size) if r not in hidden]
     start = moved = time.monotonic()
     last: Optional[List[int]] = None
     while True:
-        counts = [rows.count(r) for r in range(rows.world_size) if r not in rows.missing()]
+        counts = [rows.count(r) for r in visible]
         if all(c >= target for c in counts):
             return
         now = time.monotonic()
