@@ -15,10 +15,16 @@ import threading
 import time
 from typing import Any, List, Optional
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; a dead peer is not told from a live one
+    fcntl = None  # type: ignore[assignment]
+
 from ..engine.config import ConfigError, TrainConfig
 from .outputs import say, write_outputs
 
 PARTIAL = "partial_result.json"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _attempt() -> int:
@@ -37,16 +43,76 @@ def run_folder() -> str:
     """This machine's run folder for this attempt of the job, held by every local rank while it runs.
 
     Named by torchrun's run id, the rendezvous endpoint and the attempt: --rdzv-id defaults to "none", and two
-    jobs on one machine never share an endpoint at the same time.
+    jobs on one machine never share an endpoint at the same time. The name is predictable (the job's ranks find
+    it independently), so another user could make it first: it is created with mode 0700, or an existing one
+    accepted only if it is a real folder of this user's with mode 0700 (common.files.make_private_dir), before
+    anything in it is read or written. In the temp dir's sticky folder nobody else can then rename or replace it.
     """
+    from ..common.files import make_private_dir
     from ..ranks.cleanup import RUN_DIR_PREFIX, hold
 
     key = "-".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
     path = os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}torchrun-{safe}-a{_attempt()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    make_private_dir(path, "the torchrun run folder", "Remove it (as its owner or root), or give this job another "
+                     "--rdzv-id or --rdzv-endpoint port, or point TMPDIR at a folder only this user can write")
     hold(path)  # a folder some local rank holds is never taken for a dead launch's (cleanup.remove_stale)
     return path
+
+
+_ALIVE: dict = {}  # rank -> the descriptor holding its alive lock in this process
+
+
+def hold_alive(run_dir: str, rank: int) -> None:
+    """Hold rank<r>.alive locked (flock, exclusive) for the rest of this process's life: the kernel releases it
+    when the process ends, however it ends, so a peer on this machine can tell a dead rank from a live one."""
+    if fcntl is None or rank in _ALIVE:
+        return
+    fd = os.open(os.path.join(run_dir, f"rank{rank}.alive"), os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _ALIVE[rank] = fd
+
+
+def rank_gone(run_dir: str, rank: int) -> Optional[bool]:
+    """True when rank's process on this machine has ended, False while it runs, None when unknown (its file is
+    elsewhere or not made yet, or no flock)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(os.path.join(run_dir, f"rank{rank}.alive"), os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_if_last(run_dir: str) -> None:
+    """Remove the run folder once no local rank holds it (B5: a failed job leaves nothing): this process's hold
+    is dropped, and the folder goes only if an exclusive lock is then free, so a peer that still needs the
+    rows in it keeps it, and the last rank out removes it."""
+    import shutil
+
+    from ..ranks.cleanup import LOCK, release
+
+    release(run_dir)
+    if fcntl is None:
+        return  # Windows: a later launch's remove_stale takes it
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    except OSError:
+        pass  # a peer still holds it
+    finally:
+        os.close(fd)
 
 
 def wait_for_peer_rows(rows: Any, rank: int, stall_s: float = 2.0, limit_s: float = 10.0) -> None:
@@ -75,46 +141,85 @@ def wait_for_peer_rows(rows: Any, rank: int, stall_s: float = 2.0, limit_s: floa
 
 class Leaver:
     """What a failing rank leaves: its report, then the job's partial result, once, whoever calls first (the
-    rank's own exception path, or the SIGTERM torchrun's agent sends when a peer failed)."""
+    rank's own exception path, or the SIGTERM torchrun's agent sends when a peer failed).
+
+    A SIGTERM that arrives while the partial result is being written waits for it: the agent sends SIGTERM,
+    then SIGKILL only after its shutdown timeout (torch.distributed.elastic.multiprocessing.api
+    SubprocessContext._close; 30 s by default, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), longer than the writer needs
+    (wait_for_peer_rows gives up within 10 s). Re-raising at once lost the partial result of 8 of 21 jobs.
+    """
 
     def __init__(self, job: Any, rank: int, out: str, run_dir: str):
         self.job, self.rank, self.out, self.run_dir = job, rank, out, run_dir
         self.lock = threading.Lock()
-        self.leaving = False
+        self.leaving = self.done = False
+        self.pending: Optional[int] = None  # a signal that arrived while leaving, delivered once the file is written
 
     def leave(self, report: Any) -> None:
-        """Write this rank's report and the partial result (a second call does nothing)."""
-        from ..ranks.outbox import read_reports, write_report
-        from ..ranks.report import diagnose
-
+        """Write this rank's report and the partial result (a second call does nothing); then remove the run
+        folder if no other rank here still holds it."""
         with self.lock:
             if self.leaving:
                 return
             self.leaving = True
-        world = self.job.cfg.world_size
         try:
-            write_report(self.run_dir, self.rank, report)
-            failure = diagnose(read_reports(self.run_dir, world), self.run_dir, world)
-            wait_for_peer_rows(self.job.rows, self.rank)
-            partial = self.job.result(complete=False)
-            partial.notes.append(f"attempt {_attempt()} failed: rank {failure.rank}: {failure.message}")
-            hidden = self.job.rows.missing()
-            if hidden:
-                partial.notes.append(f"ranks {hidden} kept their rows on their own machines' run folders")
-            path = partial.save(os.path.join(self.out, partial_name()))
-            say(f"rank {self.rank}: metrics every rank recorded before the failure: {path}")
+            self._write_partial(report)
         except Exception as e:  # noqa: BLE001 - never hide the failure itself
             say(f"rank {self.rank}: could not save the partial metrics: {type(e).__name__}: {e}")
+        finally:
+            self.done = True
+            remove_if_last(self.run_dir)
+        if self.pending is not None:
+            _die_of(self.pending)
+
+    def _write_partial(self, report: Any) -> None:
+        from ..ranks.outbox import read_report_data, write_report_data
+        from ..ranks.report import diagnose, report_data, report_from_data
+
+        world = self.job.cfg.world_size
+        write_report_data(self.run_dir, self.rank, report_data(report))  # data, never a pickle (outbox.py)
+        reports = {r: report_from_data(d) for r, d in read_report_data(self.run_dir, world).items()}
+        failure = diagnose(reports, self.run_dir, world)
+        wait_for_peer_rows(self.job.rows, self.rank)
+        partial = self.job.result(complete=False)
+        partial.notes.append(f"attempt {_attempt()} failed: rank {failure.rank}: {failure.message}")
+        hidden = self.job.rows.missing()
+        if hidden:
+            partial.notes.append(f"ranks {hidden} kept their rows on their own machines' run folders")
+        path = partial.save(os.path.join(self.out, partial_name()))
+        say(f"rank {self.rank}: metrics every rank recorded before the failure: {path}")
+
+    def stopped_report(self) -> Any:
+        """This rank's report on a SIGTERM: torchrun's agent sends one only after a peer failed, so a SIGTERM
+        while every peer on this machine still runs and none has reported came from outside, and this rank is
+        the one that failed. Where some peers are on other machines, it can't be told: the agent is assumed."""
+        from ..ranks.outbox import read_report_data
+        from ..ranks.report import Report
+
+        world = self.job.cfg.world_size
+        peers = [r for r in range(world) if r != self.rank]
+        gone = [rank_gone(self.run_dir, r) for r in peers]
+        if not self.job.rows.missing() and all(g is False for g in gone) \
+                and not read_report_data(self.run_dir, world):
+            return Report(False, text="killed by SIGTERM from outside (torchrun's agent stops ranks only after a "
+                                      "peer failed, and every peer was still running)")
+        return Report(False, text="stopped by torchrun's agent (SIGTERM) after a peer's failure",
+                      in_collective=True)  # not this rank's own error: diagnose blames the peer
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         """torchrun's agent stops the ranks when one failed: leave the partial result, then die of the signal."""
-        from ..ranks.report import Report
-
+        if self.leaving and not self.done:
+            self.pending = signum  # this thread is writing the partial result: finish it, then die (leave)
+            return
         if not self.leaving:
-            self.leave(Report(False, text="stopped by torchrun's agent (SIGTERM) after a peer's failure",
-                              in_collective=True))  # not this rank's own error: diagnose blames the peer
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+            self.leave(self.stopped_report())
+        _die_of(signum)
+
+
+def _die_of(signum: int) -> None:
+    """End this process by signal signum, its default action (as if no handler had been installed)."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int) -> Any:
@@ -229,5 +334,10 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one
     backend, start_step = check_job(cfg, local_world_size=env.local_world_size, check_port=False)
     threads = cfg.threads_per_rank or default_threads(env.local_world_size)  # this node's ranks share its cores
-    args = (cfg, backend, start_step, out, plots, time.monotonic(), run_folder())
+    try:
+        run_dir = run_folder()
+    except PermissionError as e:  # another user's folder, or a link: named, and nothing in it read
+        raise ConfigError(str(e)) from None
+    hold_alive(run_dir, env.rank)  # from the start: a SIGTERM's sender is judged by which peers still run
+    args = (cfg, backend, start_step, out, plots, time.monotonic(), run_dir)
     return run_rank(_torchrun_rank, args, backend, cfg.timeout_s, threads, cfg.bind_cores)

@@ -5,6 +5,7 @@ import errno
 import glob
 import os
 import shutil
+import stat
 import tempfile
 from typing import Callable, Optional
 
@@ -12,18 +13,60 @@ from .errors import ConfigError
 
 
 def atomic_write(path: str, write: Callable[[str], None]) -> str:
-    """Call write(tmp_path), then rename the file to path: readers see the old file or the complete new one."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    """Call write(tmp_path), then rename the file to path: readers see the old file or the complete new one.
+
+    The temporary file is made by mkstemp in the same folder (an unpredictable name, O_CREAT|O_EXCL and, where
+    the platform has it, O_NOFOLLOW): a symlink planted at a guessable name is never written through. The
+    rename replaces whatever is at path, a symlink included, rather than writing through it.
+    """
+    folder, base = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
     try:
+        os.close(fd)
         write(tmp)
         os.replace(tmp, path)  # atomic on POSIX and Windows (same folder, same filesystem)
     except BaseException as e:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.remove(tmp)  # a failed write (a full disk, an interrupt) leaves no half-written file behind
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"no space left on the device to write {path} "
                                         f"({free_text(path)}); free some space or write to another folder") from e
         raise
+    return path
+
+
+def private_dir_problem(path: str) -> str:
+    """What makes `path` unfit to hold this user's private files ('' when it is fit): judged by lstat, it must
+    be a real folder (not a symlink), owned by this user, with mode 0700. Windows: only that it is a folder."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"it can't be examined ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link, not a folder"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if not hasattr(os, "getuid"):
+        return ""
+    if st.st_uid != os.getuid():
+        return f"it is owned by another user (uid {st.st_uid}), not by this user (uid {os.getuid()})"
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        return f"its mode is {stat.S_IMODE(st.st_mode):04o}, not 0700 (only this user may enter it)"
+    return ""
+
+
+def make_private_dir(path: str, what: str, fix: str) -> str:
+    """Create folder `path` with mode 0700, or accept an existing one only if private_dir_problem finds nothing;
+    raises PermissionError naming `what`, the path, what is wrong and `fix`. Nothing in a refused folder is read."""
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # whatever the umask
+    except FileExistsError:
+        pass
+    problem = private_dir_problem(path)
+    if problem:
+        raise PermissionError(f"{what} {path} is refused: {problem}; nothing in it was read or written. "
+                              f"Another user may have made it first. {fix}")
     return path
 
 
@@ -64,8 +107,8 @@ def nearest_existing(path: str) -> str:
 
 
 def check_writable_dir(setting: str, path: str) -> None:
-    """Refuse a folder path whose nearest existing folder this user can't write (ConfigError naming `setting`,
-    e.g. "TrainConfig.checkpoint_dir")."""
+    """Refuse a folder path whose nearest existing folder this user can't write, or that another user owns or
+    could change under us (ConfigError naming `setting`, e.g. "TrainConfig.checkpoint_dir")."""
     path = os.path.expanduser(path)
     probe = nearest_existing(path)
     if os.path.exists(probe) and not os.path.isdir(probe):  # a file in the way: "not writable" would mislead
@@ -74,6 +117,25 @@ def check_writable_dir(setting: str, path: str) -> None:
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{setting}={path!r} is not accepted: a directory this user can write ({probe!r} is not "
                           "writable); choose another path")
+    problem = foreign_dir_problem(probe) if probe == path else ""
+    if problem:
+        raise ConfigError(f"{setting}={path!r} is not accepted: a directory of this user's own ({problem}: that "
+                          "user could plant links where the run writes); choose a folder this user owns, or a new "
+                          "path, which the run creates")
+
+
+def foreign_dir_problem(folder: str) -> str:
+    """Why another user could swap files in existing folder `folder` ('' if none): it is owned by another user
+    (root's excepted when only root can write it), or writable by others without the sticky bit."""
+    if not hasattr(os, "getuid"):
+        return ""
+    st = os.stat(folder)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (os.getuid(), 0):  # root's folders are the system's (a sticky /tmp, /data)
+        return f"{folder!r} is owned by another user (uid {st.st_uid})"
+    if mode & 0o002 and not mode & stat.S_ISVTX:
+        return f"{folder!r} is writable by every user (mode {mode:04o}, without the sticky bit)"
+    return ""
 
 
 def check_readable_file(setting: str, value: str, what: str, pattern: Optional[str] = None, fix: str = "",

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
-from ..common.files import atomic_write
+from ..common.files import atomic_write, foreign_dir_problem
 from .model import build_model
 from .rng import check_rng_entry, rng_state, set_rng_state
 
@@ -44,6 +44,10 @@ def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tens
     """
     path = checkpoint_path(directory, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    problem = foreign_dir_problem(os.path.dirname(path))  # made by another user since the settings were checked?
+    if problem:
+        raise PermissionError(f"TrainConfig.checkpoint_dir={directory!r} is not accepted: {problem}; nothing was "
+                              "written there. Choose a folder this user owns")
     payload = {"step": step, "model": {k: v.detach().cpu() for k, v in model_state.items()},
                "optimizer": _to_cpu(optim_state), "config": config, "format": FORMAT}
     if rng is not None:

@@ -5,6 +5,7 @@ import glob
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from typing import Any, Dict
@@ -17,6 +18,7 @@ except ImportError:  # Windows: a folder's owner is named by its pid and start t
 RUN_DIR_PREFIX = "ddp_helpers-ranks-"  # a launch's run folder in the temp dir (ranks/outbox.py: what is in it)
 MP_DIR_PREFIX = "ddp_helpers-mp-"  # a launching process's multiprocessing folder (the forkserver's socket)
 LOCK = "owner.lock"  # held (flock, shared) by every process the folder belongs to, for as long as it runs
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a planted link is never opened
 _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this process
 
 
@@ -48,13 +50,13 @@ def hold(folder: str) -> None:
     if fcntl is None or folder in _HELD:
         return
     tmp = os.path.join(folder, f".{LOCK}.{os.getpid()}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
     fcntl.flock(fd, fcntl.LOCK_SH)
     try:
         os.link(tmp, os.path.join(folder, LOCK))  # the lock appears already held; an existing one is shared
     except FileExistsError:
         os.close(fd)
-        fd = os.open(os.path.join(folder, LOCK), os.O_RDONLY)
+        fd = os.open(os.path.join(folder, LOCK), os.O_RDONLY | _NOFOLLOW)
         fcntl.flock(fd, fcntl.LOCK_SH)
     finally:
         os.remove(tmp)
@@ -71,7 +73,7 @@ def release(folder: str) -> None:
 def _unheld(lock: str) -> bool:
     """True when no process holds the lock (its folder is garbage)."""
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | _NOFOLLOW)
     except OSError:
         return False  # not ours to judge (another user's), or just removed
     try:
@@ -95,11 +97,22 @@ def _owner_gone(folder: str) -> bool:
         return False  # not ours (no owner file), or being written, or its owner just left: leave it
 
 
+def _ours(folder: str) -> bool:
+    """Is folder a real folder (lstat: not a link) owned by this user? Only such a folder is judged or removed."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+
+
 def remove_stale() -> None:
     """Remove the folders of launches whose processes are gone (a kernel restart or SIGKILL skips their
     cleanup): the run folders, and the multiprocessing folder of each launching process (startmethod)."""
     for prefix in (RUN_DIR_PREFIX, MP_DIR_PREFIX):
         for folder in glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*")):
+            if not _ours(folder):
+                continue  # another user's, or a link: never read, never removed
             lock = os.path.join(folder, LOCK)
             if fcntl is not None and os.path.exists(lock):
                 stale = _unheld(lock)

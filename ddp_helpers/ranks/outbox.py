@@ -1,7 +1,10 @@
 """The run folder: where every rank, however it was started, leaves its outcome and its per-step rows.
 
 launch()'s ranks and torchrun's ranks report the same way. Each rank writes:
-- `report<r>.pkl`: its value or its error, renamed into place (a reader sees none of it or all of it);
+- its report, renamed into place (a reader sees none of it or all of it): `report<r>.pkl` for launch()'s ranks
+  (its value, any object, by cloudpickle), read only from a folder that is this user's alone (mkdtemp, owned,
+  0700), so no other user can have put code there; `report<r>.json` for torchrun's ranks (data, never code:
+  their folder is shared by independent processes and found by name);
 - `rank<r>.rows`: its per-step rows, in a file mapped into memory (ranks/rowsfile.py). A row is in the file
   the moment the rank writes it, so a rank that is killed (by a signal, the OOM killer, torchrun's agent)
   loses nothing it had written, and another process on the machine can read it at any time;
@@ -11,15 +14,18 @@ Standard library only: the launcher imports it before torch.
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import stat
 from typing import Any, Dict
 
-from ..common.files import atomic_write
+from ..common.files import atomic_write, private_dir_problem
 
-def report_path(run_dir: str, rank: int) -> str:
-    """Where rank `rank` leaves its outcome."""
-    return os.path.join(run_dir, f"report{rank}.pkl")
+
+def report_path(run_dir: str, rank: int, as_json: bool = False) -> str:
+    """Where rank `rank` leaves its outcome (as_json: a torchrun rank's, data only)."""
+    return os.path.join(run_dir, f"report{rank}.{'json' if as_json else 'pkl'}")
 
 
 def rows_path(run_dir: str, rank: int) -> str:
@@ -40,16 +46,63 @@ def write_report(run_dir: str, rank: int, report: Any) -> None:
     atomic_write(report_path(run_dir, rank), write)
 
 
+def write_report_data(run_dir: str, rank: int, data: Dict[str, Any]) -> None:
+    """Leave `data` (JSON: strings, numbers, booleans) as this rank's outcome, renamed into place."""
+    text = json.dumps(data)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+    atomic_write(report_path(run_dir, rank, as_json=True), write)
+
+
 def read_reports(run_dir: str, world_size: int) -> Dict[int, Any]:
-    """Every outcome left so far, by rank."""
+    """Every pickled outcome left so far, by rank; only from a folder that is this user's alone.
+
+    Unpickling runs code: a report is read only where no other user can have written one (private_dir_problem:
+    a real folder, owned by this user, mode 0700; launch()'s folders are made so by mkdtemp), and only a regular
+    file owned by this user (opened without following a link). Anything else is refused, unread.
+    """
+    problem = private_dir_problem(run_dir)
+    if problem:
+        raise PermissionError(f"the run folder {run_dir} is refused: {problem}; no report in it was read. Use a "
+                              "folder made by ddp_helpers.ranks.cleanup.new_run_dir()")
     found = {}
     for rank in range(world_size):
-        try:
-            with open(report_path(run_dir, rank), "rb") as fh:
-                found[rank] = pickle.load(fh)
-        except FileNotFoundError:
-            continue
+        data = _read_own(report_path(run_dir, rank), "rb")
+        if data is not None:
+            found[rank] = pickle.loads(data)
     return found
+
+
+def read_report_data(run_dir: str, world_size: int) -> Dict[int, Dict[str, Any]]:
+    """Every JSON outcome left so far, by rank (a file that isn't a JSON object is skipped: data, never code)."""
+    found = {}
+    for rank in range(world_size):
+        data = _read_own(report_path(run_dir, rank, as_json=True), "r")
+        try:
+            value = json.loads(data) if data is not None else None
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            found[rank] = value
+    return found
+
+
+def _read_own(path: str, mode: str) -> Any:
+    """A file's contents if it is a regular file owned by this user, opened without following a link; None if
+    it is missing. Another user's file, or a link, raises PermissionError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise PermissionError(f"{path} is refused ({e.strerror or e}: a link, or not this user's file)") from None
+    with os.fdopen(fd, mode) as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            raise PermissionError(f"{path} is refused: not a regular file of this user's (uid {st.st_uid})")
+        return fh.read()
 
 
 def log_tail(run_dir: str, rank: int, n: int = 2000) -> str:

@@ -63,6 +63,20 @@ class Report:
     in_collective: bool = False
 
 
+def report_data(rep: Report) -> Dict[str, Any]:
+    """A report as data (JSON), for a folder other processes find by name: its text, never a pickle."""
+    return {"ok": bool(rep.ok), "text": str(rep.text), "traceback_text": str(rep.traceback_text),
+            "in_collective": bool(rep.in_collective)}
+
+
+def report_from_data(data: Dict[str, Any]) -> Report:
+    """The report report_data wrote (fields of another type are read as empty)."""
+    def text(key: str) -> str:
+        return data.get(key) if isinstance(data.get(key), str) else ""
+    return Report(data.get("ok") is True, traceback_text=text("traceback_text"), text=text("text"),
+                  in_collective=data.get("in_collective") is True)
+
+
 def value_report(value: Any) -> Report:
     """The report of a rank that returned. By value where pickle can't name a class (a dataclass or namedtuple
     defined in a notebook cell, as the function itself travelled): cloudpickle. Raises TypeError, saying so, for
