@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ddp_helpers import ConfigError
-from ddp_helpers.common.files import atomic_write, check_writable_dir, make_private_dir
+from ddp_helpers.common.files import atomic_write, check_writable_dir
 from ddp_helpers.ranks.outbox import read_reports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,6 +103,8 @@ def test_a_torchrun_job_refuses_a_run_folder_another_user_made(shared_tmp, tmp_p
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes and links")
 @pytest.mark.parametrize("kind", ["open to all", "a link to a private folder"])
 def test_a_run_folder_of_ours_that_others_could_enter_or_a_link_is_refused(kind, tmp_path):
+    from ddp_helpers.common.files import make_private_dir
+
     target = tmp_path / "private"
     target.mkdir(mode=0o700)
     folder = tmp_path / "run"
