@@ -206,3 +206,25 @@ def test_atomic_write_never_writes_through_a_link(tmp_path):
     assert not target.is_symlink() and target.read_text() == "new"
     leftovers = [n for n in os.listdir(tmp_path) if n.startswith(".result.json.")]
     assert not leftovers
+
+
+@needs_root
+def test_stale_folder_cleanup_leaves_another_users_folders_and_links_alone(shared_tmp, tmp_path):
+    """remove_stale judges only real folders of this user's: another user's folder that looks dead (an unheld
+    lock) is neither read nor removed, and a link to a folder of ours is not followed."""
+    from ddp_helpers.ranks import cleanup as C
+
+    theirs = os.path.join(shared_tmp, C.RUN_DIR_PREFIX + "theirs")
+
+    def plant():
+        os.mkdir(theirs, 0o700)
+        open(os.path.join(theirs, C.LOCK), "w").close()  # nobody holds it: it looks like a dead launch's
+    as_nobody(plant)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / C.LOCK).write_text("")
+    link = os.path.join(shared_tmp, C.RUN_DIR_PREFIX + "link")
+    os.symlink(ours, link)
+    C.remove_stale()
+    assert os.listdir(theirs) == [C.LOCK]
+    assert os.path.islink(link) and (ours / C.LOCK).exists()
