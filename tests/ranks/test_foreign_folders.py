@@ -113,7 +113,8 @@ def test_a_run_folder_of_ours_that_others_could_enter_or_a_link_is_refused(kind,
         os.chmod(folder, 0o777)
     else:
         folder.symlink_to(target)
-    with pytest.raises(PermissionError, match=f"run folder {folder} is refused: (it is a symbolic link|its mode is 0777)"):
+    why = "(it is a symbolic link|its mode is 0777)"
+    with pytest.raises(PermissionError, match=f"run folder {folder} is refused: {why}"):
         make_private_dir(str(folder), "the torchrun run folder", "Remove it.")
     made = make_private_dir(str(tmp_path / "new"), "the torchrun run folder", "Remove it.")
     assert oct(os.lstat(made).st_mode & 0o777) == "0o700"
@@ -228,3 +229,16 @@ def test_stale_folder_cleanup_leaves_another_users_folders_and_links_alone(share
     C.remove_stale()
     assert os.listdir(theirs) == [C.LOCK]
     assert os.path.islink(link) and (ours / C.LOCK).exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
+def test_a_checkpoint_folder_every_user_can_write_is_refused_unless_sticky(tmp_path):
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    with pytest.raises(ConfigError, match=r"checkpoint_dir=.* is writable by every user \(mode 0777, without the "
+                                          r"sticky bit\).* choose a folder this user owns"):
+        check_writable_dir("TrainConfig.checkpoint_dir", str(folder))
+    os.chmod(folder, 0o1777)  # like /tmp: nobody can replace another's files
+    check_writable_dir("TrainConfig.checkpoint_dir", str(folder))
+    check_writable_dir("TrainConfig.checkpoint_dir", str(folder / "new"))  # made by the run itself
