@@ -201,8 +201,9 @@ class Leaver:
         gone = [rank_gone(self.run_dir, r) for r in peers]
         if not self.job.rows.missing() and all(g is False for g in gone) \
                 and not read_report_data(self.run_dir, world):
-            return Report(False, text="killed by SIGTERM from outside (torchrun's agent stops ranks only after a "
-                                      "peer failed, and every peer was still running)")
+            return Report(False, text="killed by SIGTERM from outside while every peer still ran (sent to this "
+                                      "rank, or to torchrun's agent, which passes it on; the agent itself stops "
+                                      "ranks only after one failed)")
         return Report(False, text="stopped by torchrun's agent (SIGTERM) after a peer's failure",
                       in_collective=True)  # not this rank's own error: diagnose blames the peer
 
