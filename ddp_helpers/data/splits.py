@@ -6,12 +6,16 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from ..common.errors import one_line
 from ..common.shared import guard
 
 
 
 class DataError(RuntimeError):
-    """A data file is missing or unreadable; the message says which, where, and how to get it."""
+    """A data file is missing or unreadable; the message says which, where, and how to get it (on one line)."""
+
+    def __init__(self, message: object = "", *rest: object):
+        super().__init__(one_line(str(message)), *rest)
 
 
 @dataclass

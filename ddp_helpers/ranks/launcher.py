@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..common.errors import ConfigError
+from .arguments import check_launch_arguments
 from .boot import rank_main
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from .ending import GRACE_S, LAUNCH_MARK, end_launch, stop_processes
@@ -54,7 +55,7 @@ class LaunchInterrupted(KeyboardInterrupt):
 
 def check_start_method(start_method: str) -> str:
     """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
-    if start_method not in START_METHODS:
+    if not isinstance(start_method, str) or start_method not in START_METHODS:
         raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
     method = resolve_start_method(start_method)
     if method not in multiprocessing.get_all_start_methods():
@@ -128,6 +129,8 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
     read and remove.
     """
+    check_launch_arguments(fn, world_size, args, backend, host, port, threads_per_rank, on_poll, poll_s, bind_cores,
+                           init_group, run_dir, watch_shared)
     method = check_start_method(start_method)
     backend = check_launch(world_size, backend, host, port, timeout_s)
     threads = threads_per_rank or default_threads(world_size)
