@@ -112,6 +112,13 @@ def _load_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
     them, and a launch names any a rank changed (ranks/shared_watch.py)."""
     splits = _decode_cached(dataset, root, may_fall_back)
     if splits._guard is None:
+        splits.guard(f"load_data({dataset!r})", clear_cache)  # fingerprinted now, as loaded
+        return splits
+    changed = splits.changed()  # before each use: an in-place edit since then would silently change a run
+    if changed:
+        splits.warn_changed(changed)
+        clear_cache()
+        splits = _decode_cached(dataset, root, may_fall_back)
         splits.guard(f"load_data({dataset!r})", clear_cache)
     return splits
 
