@@ -13,7 +13,7 @@ from ..common.errors import ConfigError
 from .arguments import check_launch_arguments
 from .boot import rank_main
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
-from .ending import GRACE_S, LAUNCH_MARK, end_launch, stop_processes
+from .ending import GRACE_S, LAUNCH_MARK, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
 from .outbox import read_reports
 from .payload import Deferred, tensors_in
@@ -222,8 +222,11 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
     ctx = multiprocessing.get_context(method)
     for rank in range(world_size):
         p = ctx.Process(target=rank_main, args=(rank, spec, payload), name=f"ddp_helpers-rank{rank}", daemon=False)
-        p.start()
-        procs.append(p)
+        with interrupts_deferred() as pending:  # a rank forked as Ctrl-C comes is in procs, so it is ended too
+            p.start()
+            procs.append(p)
+        if pending:
+            raise KeyboardInterrupt
     context = ProcessContext(procs, [os.path.join(spec.run_dir, f"rank{r}.err") for r in range(world_size)])
     context.forkserver_pid = _forkserver_pid() if method == "forkserver" else None  # whose death would end them
     return context

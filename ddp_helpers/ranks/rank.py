@@ -133,12 +133,17 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
 
 def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
     """What each launched child runs (after boot.rank_main): the rank, then its report, then exit."""
-    capture_output(log_path(spec.run_dir, rank))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     # The launcher's environment as it is now (a forkserver's ranks would otherwise see the server's, from its
     # start: a variable set in the notebook after warm_up() never reached them), then torchrun's variables.
     os.environ.clear()
     os.environ.update(spec.environ, **spec.env, **rank_env(rank))
+    try:
+        capture_output(log_path(spec.run_dir, rank))
+    except OSError:
+        # The run folder is gone: the launch ended (an interrupt during its start) before this rank got here.
+        # Nobody reads this rank; its traceback on the inherited stderr would land in a later notebook cell.
+        os._exit(1)
     code = 0
     try:
         fn, fn_args = payload.get()
