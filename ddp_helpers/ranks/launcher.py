@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..common.errors import ConfigError
+from ..common.torch_state import import_torch
 from .arguments import check_launch_arguments
 from .boot import rank_main
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
@@ -131,6 +132,7 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     """
     check_launch_arguments(fn, world_size, args, backend, host, port, threads_per_rank, on_poll, poll_s, bind_cores,
                            init_group, run_dir, watch_shared)
+    import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
     method = check_start_method(start_method)
     backend = check_launch(world_size, backend, host, port, timeout_s)
     threads = threads_per_rank or default_threads(world_size)
