@@ -147,4 +147,7 @@ class EndOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         if isinstance(exc, Signalled) and exc.signum in self.saved:
+            from .startmethod import remove_own_multiprocessing_dir
+
+            remove_own_multiprocessing_dir()  # dying of the signal skips atexit, which would have removed it
             signal.raise_signal(exc.signum)  # the default action: this process ends, killed by that signal
