@@ -7,7 +7,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 try:
     import fcntl
@@ -16,6 +16,7 @@ except ImportError:  # Windows: a folder's owner is named by its pid and start t
 
 RUN_DIR_PREFIX = "ddp_helpers-ranks-"  # a launch's run folder in the temp dir (ranks/outbox.py: what is in it)
 MP_DIR_PREFIX = "ddp_helpers-mp-"  # a launching process's multiprocessing folder (the forkserver's socket)
+SHORT_ROOT = "/tmp"  # where a socket's folder goes when the temp dir's path is too long for AF_UNIX
 LOCK = "owner.lock"  # held (flock, shared) by every process the folder belongs to, for as long as it runs
 _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this process
 
@@ -26,7 +27,7 @@ def new_run_dir() -> str:
     return owned_dir(RUN_DIR_PREFIX)
 
 
-def owned_dir(prefix: str) -> str:
+def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     """A new folder in the temp dir that is live while this process runs (remove_stale leaves it alone).
 
     Its lock file is locked before it takes its name, so no other process ever sees it unlocked. A lock is the
@@ -36,7 +37,7 @@ def owned_dir(prefix: str) -> str:
     """
     import psutil
 
-    folder = tempfile.mkdtemp(prefix=prefix)
+    folder = tempfile.mkdtemp(prefix=prefix, dir=where)  # where: None = the temp dir
     with open(os.path.join(folder, "owner"), "w") as fh:
         fh.write(f"{os.getpid()} {psutil.Process().create_time()}")
     hold(folder)
@@ -98,8 +99,10 @@ def _owner_gone(folder: str) -> bool:
 def remove_stale() -> None:
     """Remove the folders of launches whose processes are gone (a kernel restart or SIGKILL skips their
     cleanup): the run folders, and the multiprocessing folder of each launching process (startmethod)."""
-    for prefix in (RUN_DIR_PREFIX, MP_DIR_PREFIX):
-        for folder in glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*")):
+    places = [(tempfile.gettempdir(), RUN_DIR_PREFIX), (tempfile.gettempdir(), MP_DIR_PREFIX),
+              (SHORT_ROOT, MP_DIR_PREFIX)]  # a long temp dir's socket folders go to SHORT_ROOT (startmethod)
+    for root, prefix in dict.fromkeys(places):
+        for folder in glob.glob(os.path.join(root, prefix + "*")):
             lock = os.path.join(folder, LOCK)
             if fcntl is not None and os.path.exists(lock):
                 stale = _unheld(lock)
