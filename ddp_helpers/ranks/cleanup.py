@@ -118,6 +118,21 @@ def remove_run_dir(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def remove_own_multiprocessing_dir() -> None:
+    """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
+    remove the multiprocessing folder startmethod gave it, which would stay until the next launch."""
+    import multiprocessing.process
+
+    from .kernel_hooks import stop_helpers
+
+    folder = multiprocessing.process.current_process()._config.get("tempdir")
+    if folder is None or not os.path.basename(folder).startswith(MP_DIR_PREFIX):
+        return  # none, or multiprocessing's own pymp-* (its finalizer's business)
+    stop_helpers()
+    release(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 class Signalled(SystemExit):
     """SIGTERM or SIGHUP arrived while ranks ran: unwind (ending them), then die of that signal."""
 
@@ -150,7 +165,5 @@ class EndOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         if isinstance(exc, Signalled) and exc.signum in self.saved:
-            from .startmethod import remove_own_multiprocessing_dir
-
             remove_own_multiprocessing_dir()  # dying of the signal skips atexit, which would have removed it
             signal.raise_signal(exc.signum)  # the default action: this process ends, killed by that signal

@@ -60,23 +60,6 @@ def _own_multiprocessing_dir() -> None:
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
 
 
-def remove_own_multiprocessing_dir() -> None:
-    """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
-    remove the multiprocessing folder _own_multiprocessing_dir gave it, which would stay until the next launch."""
-    import multiprocessing.process
-    import shutil
-
-    from .cleanup import MP_DIR_PREFIX, release
-    from .kernel_hooks import stop_helpers
-
-    folder = multiprocessing.process.current_process()._config.get("tempdir")
-    if folder is None or not os.path.basename(folder).startswith(MP_DIR_PREFIX):
-        return  # none, or multiprocessing's own pymp-* (its finalizer's business)
-    stop_helpers()
-    release(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def prepare_forkserver() -> None:
     """Name the launcher and the preload list; both take effect when the server starts (once per process). In a
     Jupyter kernel, the server and the resource tracker are ended first when the kernel shuts down."""
