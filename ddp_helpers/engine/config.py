@@ -215,9 +215,12 @@ def check_resume_path(resume_from: Optional[str]) -> None:
 
 def check_machine(cfg: TrainConfig, local_world_size: int) -> None:
     """Refuse more ranks (on this machine), or threads per rank, than it can run (ranks/limits.py)."""
+    from ..ranks.env import under_torchrun
     from ..ranks.limits import check_world_size
 
-    check_world_size(local_world_size, cfg.threads_per_rank, lambda name, value: f"TrainConfig.{name}={value!r}")
+    # Under torchrun the ranks already run: the room left for processes no longer has to hold them.
+    check_world_size(local_world_size, cfg.threads_per_rank, lambda name, value: f"TrainConfig.{name}={value!r}",
+                     rooms=[] if under_torchrun() else None)
 
 
 def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_port: bool = True) -> str:

@@ -132,3 +132,18 @@ def test_cgroup_pids_room_reads_v2_and_v1(tmp_path):
     assert limits.cgroup_pids_room(str(cg), str(v1))[0] == 50
     cg.write_text("0::/none\n")
     assert limits.cgroup_pids_room(str(cg), str(tmp_path / "empty")) is None
+
+
+def test_under_torchrun_the_running_ranks_are_not_counted_again(monkeypatch):
+    """A torchrun rank checks its settings while its node's ranks already run: only the launcher checks room."""
+    from ddp_helpers.engine.config import check_machine
+    from ddp_helpers.ranks.env import under_torchrun
+
+    monkeypatch.setattr(limits, "room_limits", lambda: [(0, "pids.max=40, 40 in use")])
+    with pytest.raises(ConfigError, match=r"only 0 more may start here"):
+        check_machine(TrainConfig(world_size=2), 2)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert under_torchrun()
+    check_machine(TrainConfig(world_size=2), 2)
