@@ -111,11 +111,14 @@ def _start_forkserver_early(start_method: str) -> None:
 def _check_flags(args: argparse.Namespace) -> TrainConfig:
     """The flags' values, the run's size, paths and room, before the modules that import torch (~2 s) could say
     it. An --out this made and then refused is removed again."""
-    from ..engine.config import check_types
+    from ..engine.config import check_machine, check_types
+    from ..ranks.env import under_torchrun
     from .outputs import check_telemetry
 
     cfg = config_from_args(args)
     check_types(cfg)
+    # before the forkserver starts (main: _start_forkserver_early); under torchrun, this node's ranks
+    check_machine(cfg, int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if under_torchrun() else cfg.world_size)
     check_telemetry(cfg)  # a run too large to record is named as such, not as a lack of room in --out
     out = os.path.expanduser(args.out)
     existed = os.path.exists(out)

@@ -13,6 +13,7 @@ import shlex
 import typing
 from typing import Any, Dict
 
+from ..common.errors import one_line
 from ..engine.config import TrainConfig
 
 _VALUE = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|[\w.+-]+"  # a repr: quoted, a tuple, a word or number
@@ -64,4 +65,5 @@ def as_flags(message: str) -> str:
     # Bare names: only those with an underscore (one-word ones such as "seed" or "epochs" are also plain words).
     multi = "|".join(n for n in sorted(names, key=len, reverse=True) if "_" in n)
     out = re.sub(rf"(?<![\w./-])(?:TrainConfig\.)?({multi})(?![\w/=-])", lambda m: _flag(m.group(1)), out)
-    return re.sub(rf"(?<![\w./-])TrainConfig\.({alternatives})(?![\w=])", lambda m: _flag(m.group(1)), out)
+    out = re.sub(rf"(?<![\w./-])TrainConfig\.({alternatives})(?![\w=])", lambda m: _flag(m.group(1)), out)
+    return one_line(out)  # a value's newline, unquoted again above, must not split the one-line error

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, Tuple
 
+from .torch_state import TorchImportBroken, broken_message, half_imported
+
 
 def lazy_exports(package: str, exports: Dict[str, str],
                  namespace: Dict[str, Any]) -> Tuple[Callable[[str], Any], Callable[[], list]]:
@@ -12,7 +14,14 @@ def lazy_exports(package: str, exports: Dict[str, str],
 
     def __getattr__(name: str) -> Any:
         if name in exports:
-            value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+            broken = half_imported()  # read before the import below changes sys.modules
+            try:
+                module = importlib.import_module(f".{exports[name]}", package)
+            except Exception as e:  # noqa: BLE001 - what a second import of a half-imported torch raises varies
+                if broken:
+                    raise TorchImportBroken(broken_message(e)) from None
+                raise
+            value = getattr(module, name)
             namespace[name] = value  # later lookups find it without calling __getattr__
             return value
         raise AttributeError(f"module {package!r} has no attribute {name!r}")

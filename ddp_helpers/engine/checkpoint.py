@@ -24,7 +24,7 @@ from ..common.files import atomic_write, foreign_dir_problem
 from .model import build_model
 from .rng import check_rng_entry, rng_state, set_rng_state
 
-FORMAT = "ddp_helpers.checkpoint/2"  # /1 had no "rng": those still resume, each rank's generators seeded afresh
+FORMAT = "ddp_helpers.checkpoint/2"  # /1 had no "rng": refused for resume (its generators would start afresh)
 
 # Anything that changes the sampler order or the update rule would make a "resumed" run a different one.
 RESUME_MUST_MATCH = ("world_size", "batch_size", "dataset", "seed", "pipeline", "accumulation_steps", "lr",
@@ -174,13 +174,19 @@ def check_resume(cfg: TrainConfig) -> int:
     step = _check_layout(cfg, ckpt)
     optimizer = _check_model_and_optimizer(cfg, ckpt)
     saved = ckpt.get("config")
-    saved = saved if isinstance(saved, dict) else {}
+    if not isinstance(saved, dict):  # without it nothing says the run had these settings: no exact resume
+        raise refuse_resume(cfg, f"its 'config' is {'missing' if saved is None else 'a ' + type(saved).__name__}, so "
+                                 f"nothing says the run had this one's {', '.join(RESUME_MUST_MATCH)}")
     for key in RESUME_MUST_MATCH:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
                               f"({cfg.resume_from}); an exact resume needs the same {key}")
     _check_optimizer_settings(cfg, optimizer)  # after the config's: a config that differs is named as such
     _check_rng(cfg, ckpt)
+    if ckpt.get("format") != FORMAT:
+        raise refuse_resume(cfg, f"its format is {ckpt.get('format')!r}, not {FORMAT!r}: an older version wrote it "
+                                 "without every rank's generator states, so a resume would draw other random numbers "
+                                 "than the run it continues")
     return step
 
 
@@ -267,6 +273,10 @@ def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> torch.
             shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
             raise refuse_resume(cfg, f"its model's {name!r} has shape {shape}, this model's has {tuple(t.shape)}: "
                                      "it was saved from another model")
+    bad = [name for name in want if not torch.isfinite(got[name]).all()]
+    if bad:  # a diverged run's weights: training on would only give NaN losses
+        raise refuse_resume(cfg, f"its model's {bad[0]!r} holds NaN or infinite values (the run it saved had "
+                                 "diverged)")
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     try:
         optimizer.load_state_dict(ckpt["optimizer"])  # what resume() will do in every rank, tried once here
@@ -277,6 +287,8 @@ def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> torch.
         buf = optimizer.state.get(p, {}).get("momentum_buffer")
         if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape):
             raise refuse_resume(cfg, "its optimizer's momentum buffers don't match this model's parameter shapes")
+        if buf is not None and not torch.isfinite(buf).all():
+            raise refuse_resume(cfg, "its optimizer's momentum buffers hold NaN or infinite values")
     return optimizer
 
 

@@ -22,6 +22,7 @@ PIPELINES = ("default", "seed")
 COMM_HOOKS = ("allreduce", "fp16")
 FAULT_KINDS = ("raise", "kill", "hang")
 RESUME_LATEST = "latest"  # resume_from's value for "the newest checkpoint in checkpoint_dir, if there is one"
+MAX_SEED = 2**63 - 1  # torch's seeds are < 2**64, and DistributedSampler seeds with seed + epoch
 MAX_TABLE_BYTES = 2**30  # one rank's telemetry tables, at most (files in the temp dir, mapped: engine/job.py)
 
 Check = Callable[[Any], bool]
@@ -80,9 +81,10 @@ def setting(default: Any, check: Check, accepted: str, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"check": check, "accepted": accepted, "help": help})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # TrainConfig(1, 2, 3) would set fields by their order: names only
 class TrainConfig:
-    """Everything one DDP training run needs; defaults reproduce Listing 7.2 (minus its flaws)."""
+    """Everything one DDP training run needs; defaults reproduce Listing 7.2 (minus its flaws). Keyword
+    arguments only: TrainConfig(world_size=2, epochs=1)."""
 
     world_size: int = setting(2, ints(1), "an int >= 1, e.g. world_size=2",
                               "processes (ranks) to start; the listing uses one per GPU")
@@ -101,7 +103,8 @@ class TrainConfig:
     epochs: int = setting(1, ints(1, 1000), "an int from 1 to 1000", "full passes over each rank's shard")
     max_steps: Optional[int] = setting(None, optional(ints(1)), "None (whole epochs) or an int >= 1",
                                        "stop after this many optimizer steps (None: all epochs)")
-    seed: int = setting(0, ints(0), "an int >= 0", "model init and the sampler's shuffle: same seed, same run")
+    seed: int = setting(0, ints(0, MAX_SEED), "an int from 0 to 2**63 - 1 (torch's seeds are < 2**64, and the "
+                        "sampler adds the epoch)", "model init and the sampler's shuffle: same seed, same run")
     pipeline: str = setting("default", one_of(*PIPELINES), f"one of {PIPELINES}",
                             "default: shared pre-decoded tensors; seed: the listing's DataLoader path")
     accumulation_steps: int = setting(1, ints(1, 1024), "an int from 1 to 1024 (1 = no accumulation)",
@@ -138,8 +141,18 @@ class TrainConfig:
     fault_kind: str = setting("raise", one_of(*FAULT_KINDS), f"one of {FAULT_KINDS}",
                               "... how: raise an exception, kill itself (SIGKILL), hang")
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "TrainConfig":
+        if args:  # the dataclass's own TypeError names no field: say how to spell it
+            raise ConfigError(f"TrainConfig{args!r} is not accepted: settings are given by name, e.g. "
+                              "TrainConfig(world_size=2, epochs=1) (help(TrainConfig) lists them)")
+        return super().__new__(cls)
+
     def replace(self, **changes: Any) -> "TrainConfig":
-        """A copy with some fields changed."""
+        """A copy with some fields changed (an unknown name is refused, with the known ones)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig setting(s) {unknown}; known: "
+                              f"{sorted(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -200,6 +213,16 @@ def check_resume_path(resume_from: Optional[str]) -> None:
                         kind="checkpoint file", empty="a checkpoint file that a run with checkpoint_dir wrote")
 
 
+def check_machine(cfg: TrainConfig, local_world_size: int) -> None:
+    """Refuse more ranks (on this machine), or threads per rank, than it can run (ranks/limits.py)."""
+    from ..ranks.env import under_torchrun
+    from ..ranks.limits import check_world_size
+
+    # Under torchrun the ranks already run: the room left for processes no longer has to hold them.
+    check_world_size(local_world_size, cfg.threads_per_rank, lambda name, value: f"TrainConfig.{name}={value!r}",
+                     rooms=[] if under_torchrun() else None)
+
+
 def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_port: bool = True) -> str:
     """Run every check that can be made before launching; return the resolved backend.
 
@@ -213,6 +236,7 @@ def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_por
     check_types(cfg)
     check_resume_path(cfg.resume_from)
     local = local_world_size or cfg.world_size
+    check_machine(cfg, local)
     backend = resolve_backend(cfg.backend, local)
     check_binding(local, cfg.threads_per_rank or default_threads(local), backend, cfg.bind_cores)
     if check_port:

@@ -5,6 +5,7 @@ import base64
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -230,6 +231,10 @@ class TrainResult:
             text = fh.read()
         try:
             return cls.from_dict(json.loads(text))
+        except RecursionError:  # json's decoder recurses once per level: 10**5 nested brackets exhaust the stack
+            raise ValueError(f"{path} is not a result file: its JSON nests deeper than Python's recursion limit "
+                             f"({sys.getrecursionlimit()}), which no result file does; it was damaged, edited, or "
+                             "written by something else") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not a result file: its JSON is broken at line {e.lineno}, column {e.colno} "
                              f"({e.msg}); it was cut short or edited. Run the training again to write it anew") from None

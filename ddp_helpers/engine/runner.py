@@ -8,7 +8,7 @@ from typing import Callable, List, Optional
 
 from . import worker
 from .checkpoint import CheckpointError, resolve_resume
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from ..data import load_data
 from .job import Job, check_job
 from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
@@ -80,7 +80,7 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     on_progress(steps_done_per_rank, total_steps) is called from this process whenever a rank advances
     (e.g. to drive widgets); it runs between polls, so keep it quick.
     """
-    cfg = (cfg or TrainConfig()).replace(**overrides) if overrides else (cfg or TrainConfig())
+    cfg = _settings(cfg, progress, on_progress, overrides)
     cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
     backend, start_step = check_job(cfg)
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
@@ -91,6 +91,21 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
             return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress)
         finally:
             remove_run_dir(run_dir)
+
+
+def _settings(cfg: Optional[TrainConfig], progress: object, on_progress: object, overrides: dict) -> TrainConfig:
+    """run_training's own arguments checked by name; cfg with the overrides applied."""
+    if progress is not None and not isinstance(progress, bool):
+        raise ConfigError(f"run_training(progress={progress!r}) is not accepted: None (a bar unless "
+                          "DDP_HELPERS_PROGRESS=0), True or False")
+    if on_progress is not None and not callable(on_progress):
+        raise ConfigError(f"run_training(on_progress={on_progress!r}) is not accepted: None, or a function "
+                          "called as on_progress(steps_done_per_rank, total_steps)")
+    if cfg is not None and not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"run_training(cfg={cfg!r}) is not accepted: None (the defaults) or a TrainConfig; "
+                          "build one with TrainConfig(...)")
+    cfg = cfg or TrainConfig()
+    return cfg.replace(**overrides) if overrides else cfg
 
 
 def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, data, progress: Optional[bool],

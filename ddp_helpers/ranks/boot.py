@@ -46,6 +46,9 @@ def _default_signals() -> None:
 
 def rank_main(rank: int, *args) -> None:
     """Process target: lead a process group of its own, watch the parent, then run the rank (rank.rank_entry)."""
+    # First: Ctrl-C is the launcher's to handle. In Jupyter it reaches the kernel's whole process group, this
+    # rank too until lead_own_group: a KeyboardInterrupt here would print its traceback into a notebook cell.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _default_signals()
     lead_own_group()  # the launcher ends this group at the end: whatever the rank starts goes with it
     watch_parent()

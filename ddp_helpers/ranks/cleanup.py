@@ -8,7 +8,7 @@ import signal
 import stat
 import tempfile
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 try:
     import fcntl
@@ -17,6 +17,7 @@ except ImportError:  # Windows: a folder's owner is named by its pid and start t
 
 RUN_DIR_PREFIX = "ddp_helpers-ranks-"  # a launch's run folder in the temp dir (ranks/outbox.py: what is in it)
 MP_DIR_PREFIX = "ddp_helpers-mp-"  # a launching process's multiprocessing folder (the forkserver's socket)
+SHORT_ROOT = "/tmp"  # where a socket's folder goes when the temp dir's path is too long for AF_UNIX
 LOCK = "owner.lock"  # held (flock, shared) by every process the folder belongs to, for as long as it runs
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a planted link is never opened
 _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this process
@@ -28,7 +29,7 @@ def new_run_dir() -> str:
     return owned_dir(RUN_DIR_PREFIX)
 
 
-def owned_dir(prefix: str) -> str:
+def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     """A new folder in the temp dir that is live while this process runs (remove_stale leaves it alone).
 
     Its lock file is locked before it takes its name, so no other process ever sees it unlocked. A lock is the
@@ -38,7 +39,7 @@ def owned_dir(prefix: str) -> str:
     """
     import psutil
 
-    folder = tempfile.mkdtemp(prefix=prefix)
+    folder = tempfile.mkdtemp(prefix=prefix, dir=where)  # where: None = the temp dir
     with open(os.path.join(folder, "owner"), "w") as fh:
         fh.write(f"{os.getpid()} {psutil.Process().create_time()}")
     hold(folder)
@@ -109,8 +110,10 @@ def _ours(folder: str) -> bool:
 def remove_stale() -> None:
     """Remove the folders of launches whose processes are gone (a kernel restart or SIGKILL skips their
     cleanup): the run folders, and the multiprocessing folder of each launching process (startmethod)."""
-    for prefix in (RUN_DIR_PREFIX, MP_DIR_PREFIX):
-        for folder in glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*")):
+    places = [(tempfile.gettempdir(), RUN_DIR_PREFIX), (tempfile.gettempdir(), MP_DIR_PREFIX),
+              (SHORT_ROOT, MP_DIR_PREFIX)]  # a long temp dir's socket folders go to SHORT_ROOT (startmethod)
+    for root, prefix in dict.fromkeys(places):
+        for folder in glob.glob(os.path.join(root, prefix + "*")):
             if not _ours(folder):
                 continue  # another user's, or a link: never read, never removed
             lock = os.path.join(folder, LOCK)
@@ -124,6 +127,21 @@ def remove_stale() -> None:
 
 def remove_run_dir(folder: str) -> None:
     """Remove a run folder this process made (its hold released first)."""
+    release(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_own_multiprocessing_dir() -> None:
+    """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
+    remove the multiprocessing folder startmethod gave it, which would stay until the next launch."""
+    import multiprocessing.process
+
+    from .kernel_hooks import stop_helpers
+
+    folder = multiprocessing.process.current_process()._config.get("tempdir")
+    if folder is None or not os.path.basename(folder).startswith(MP_DIR_PREFIX):
+        return  # none, or multiprocessing's own pymp-* (its finalizer's business)
+    stop_helpers()
     release(folder)
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -160,4 +178,5 @@ class EndOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         if isinstance(exc, Signalled) and exc.signum in self.saved:
+            remove_own_multiprocessing_dir()  # dying of the signal skips atexit, which would have removed it
             signal.raise_signal(exc.signum)  # the default action: this process ends, killed by that signal

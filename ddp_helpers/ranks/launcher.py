@@ -10,9 +10,11 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..common.errors import ConfigError
+from ..common.torch_state import import_torch
+from .arguments import check_launch_arguments
 from .boot import rank_main
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
-from .ending import GRACE_S, LAUNCH_MARK, end_launch, stop_processes
+from .ending import GRACE_S, LAUNCH_MARK, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
 from .outbox import read_reports
 from .payload import Deferred, tensors_in
@@ -54,7 +56,7 @@ class LaunchInterrupted(KeyboardInterrupt):
 
 def check_start_method(start_method: str) -> str:
     """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
-    if start_method not in START_METHODS:
+    if not isinstance(start_method, str) or start_method not in START_METHODS:
         raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
     method = resolve_start_method(start_method)
     if method not in multiprocessing.get_all_start_methods():
@@ -128,6 +130,9 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
     read and remove.
     """
+    check_launch_arguments(fn, world_size, args, backend, host, port, threads_per_rank, on_poll, poll_s, bind_cores,
+                           init_group, run_dir, watch_shared)
+    import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
     method = check_start_method(start_method)
     backend = check_launch(world_size, backend, host, port, timeout_s)
     threads = threads_per_rank or default_threads(world_size)
@@ -219,8 +224,11 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
     ctx = multiprocessing.get_context(method)
     for rank in range(world_size):
         p = ctx.Process(target=rank_main, args=(rank, spec, payload), name=f"ddp_helpers-rank{rank}", daemon=False)
-        p.start()
-        procs.append(p)
+        with interrupts_deferred() as pending:  # a rank forked as Ctrl-C comes is in procs, so it is ended too
+            p.start()
+            procs.append(p)
+        if pending:
+            raise KeyboardInterrupt
     context = ProcessContext(procs, [os.path.join(spec.run_dir, f"rank{r}.err") for r in range(world_size)])
     context.forkserver_pid = _forkserver_pid() if method == "forkserver" else None  # whose death would end them
     return context

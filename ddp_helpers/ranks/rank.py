@@ -131,16 +131,31 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
             dist.destroy_process_group()
 
 
+def apply_debug_level() -> None:
+    """Read TORCH_DISTRIBUTED_DEBUG again, from the environment just applied: torch reads it once, when
+    torch.distributed is imported (its __init__ calls set_debug_level_from_env), and a forkserver's rank imported
+    it with the server, before a notebook set the variable after warm_up()."""
+    reread = getattr(dist, "set_debug_level_from_env", None)  # absent where torch.distributed is unavailable
+    if reread is not None:
+        reread()
+
+
 def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
     """What each launched child runs (after boot.rank_main): the rank, then its report, then exit."""
-    capture_output(log_path(spec.run_dir, rank))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     # The launcher's environment as it is now (a forkserver's ranks would otherwise see the server's, from its
     # start: a variable set in the notebook after warm_up() never reached them), then torchrun's variables.
     os.environ.clear()
     os.environ.update(spec.environ, **spec.env, **rank_env(rank))
+    try:
+        capture_output(log_path(spec.run_dir, rank))
+    except OSError:
+        # The run folder is gone: the launch ended (an interrupt during its start) before this rank got here.
+        # Nobody reads this rank; its traceback on the inherited stderr would land in a later notebook cell.
+        os._exit(1)
     code = 0
     try:
+        apply_debug_level()
         fn, fn_args = payload.get()
         store = os.path.join(spec.run_dir, "store") if spec.init_group else None
         out = run_rank(fn, fn_args, spec.backend, spec.timeout_s, spec.threads, spec.bind_cores, spec.init_group,

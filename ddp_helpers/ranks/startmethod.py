@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+from typing import Optional
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
 PRELOAD = "ddp_helpers.ranks.server_preload"  # what the forkserver imports once (see that module)
@@ -19,6 +20,31 @@ def resolve_start_method(start_method: str) -> str:
     return start_method
 
 
+# AF_UNIX socket paths hold at most 108 bytes on Linux, 104 on macOS and the BSDs, the final NUL included.
+SOCKET_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
+SOCKET_NAME = "ddp_helpers-mp-xxxxxxxx/listener-xxxxxxxx"  # as long as the forkserver's socket path in the temp dir
+
+
+def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
+    """None when the temp dir's path leaves room for the forkserver's socket; else cleanup.SHORT_ROOT (a folder
+    made there is private: mkdtemp, mode 0700, a random name), or a ConfigError naming TMPDIR. Clusters set long
+    TMPDIRs: over ~65 characters, binding the socket failed with "AF_UNIX path too long"."""
+    import tempfile
+
+    from ..common.errors import ConfigError
+    from .cleanup import SHORT_ROOT
+
+    temp_dir = temp_dir or tempfile.gettempdir()
+    if len(os.fsencode(os.path.join(temp_dir, SOCKET_NAME))) < SOCKET_PATH_MAX:
+        return None
+    if os.path.isdir(SHORT_ROOT) and os.access(SHORT_ROOT, os.W_OK | os.X_OK):
+        return SHORT_ROOT
+    raise ConfigError(f"TMPDIR={temp_dir!r} is not accepted: the ranks' server listens on a socket in it, and its "
+                      f"path would pass the {SOCKET_PATH_MAX - 1} bytes a socket's path may hold (AF_UNIX), and "
+                      f"{SHORT_ROOT} is not writable either; set TMPDIR to a shorter folder (under "
+                      f"{SOCKET_PATH_MAX - 1 - len(SOCKET_NAME) - 1} characters) before starting Python")
+
+
 def _own_multiprocessing_dir() -> None:
     """Give multiprocessing a temp folder with an owner file, instead of the pymp-* it would make for the
     forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
@@ -30,7 +56,7 @@ def _own_multiprocessing_dir() -> None:
 
     config = multiprocessing.process.current_process()._config
     if config.get("tempdir") is None:  # what multiprocessing.util.get_temp_dir does, with our folder
-        config["tempdir"] = folder = owned_dir(MP_DIR_PREFIX)
+        config["tempdir"] = folder = owned_dir(MP_DIR_PREFIX, socket_root())
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
 
 

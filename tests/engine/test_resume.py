@@ -99,7 +99,7 @@ def test_without_the_saved_states_the_dropout_resume_drifts(uninterrupted, crash
     """What makes the comparisons above worth making: with the generators starting over, the run differs."""
     full, _ = uninterrupted
     ckpt = load_checkpoint(checkpoint_path(str(crashed), LATEST))
-    del ckpt["rng"]  # what a checkpoint of format /1 holds: still accepted, but the masks start over
+    del ckpt["rng"]  # a /2 file without the states (save_checkpoint(rng=None)): accepted, the masks start over
     old = tmp_path / f"ckpt-{LATEST:07d}.pt"
     torch.save(ckpt, old)
     drifted = _train(CFG.replace(resume_from=str(old)))

@@ -14,7 +14,7 @@ from torch import nn
 
 from ddp_helpers import ConfigError, TrainConfig, run_training
 from ddp_helpers.ranks import launcher as L
-from ddp_helpers.engine.checkpoint import check_resume, save_checkpoint
+from ddp_helpers.engine.checkpoint import FORMAT, check_resume, save_checkpoint
 from ddp_helpers.engine.model import build_model
 from ddp_helpers.engine.rng import rng_state
 
@@ -62,6 +62,14 @@ def _write(path, kind: str) -> str:
         torch.save({**good, "rng": [rng_state()]}, path)
     elif kind == "rng-entry":
         torch.save({**good, "rng": [rng_state(), {"torch": torch.zeros(3)}]}, path)
+    elif kind == "nan-weights":  # a diverged run's checkpoint
+        weights = {k: v.clone() for k, v in good["model"].items()}
+        weights["1.weight"][0, 0] = float("nan")
+        torch.save({**good, "model": weights, "format": FORMAT, "rng": [rng_state(), rng_state()]}, path)
+    elif kind == "no-config":
+        torch.save({k: v for k, v in good.items() if k != "config"}, path)
+    elif kind == "format-1":  # what the previous version wrote: no generator states
+        torch.save({**good, "format": "ddp_helpers.checkpoint/1"}, path)
     return path
 
 
@@ -80,6 +88,9 @@ CASES = {
     "bad-optimizer": "can't be loaded into this model's SGD optimizer",
     "rng-ranks": "its 'rng' holds the generator states of 1 ranks, this run has world_size=2",
     "rng-entry": "its 'rng' entry for rank 1 holds ['torch'], not the states",
+    "nan-weights": "its model's '1.weight' holds NaN or infinite values",
+    "no-config": "its 'config' is missing",
+    "format-1": "its format is 'ddp_helpers.checkpoint/1', not 'ddp_helpers.checkpoint/2'",
 }
 
 
@@ -105,12 +116,12 @@ def test_bad_checkpoint_is_refused_before_any_rank_starts(kind, tmp_path, no_ran
     assert not no_ranks
 
 
-@pytest.mark.parametrize("with_rng", [True, False], ids=["rng-states", "format-1-without-rng"])
+@pytest.mark.parametrize("with_rng", [True, False], ids=["rng-states", "without-rng"])
 def test_a_good_checkpoint_passes_and_gives_its_step(tmp_path, with_rng):
     path = str(tmp_path / "ckpt-0000004.pt")
     cfg = SMALL.replace(momentum=0.9)
     payload = _good_payload(cfg)
-    rng = [rng_state(), rng_state()] if with_rng else None  # checkpoints written before RNG states still resume
+    rng = [rng_state(), rng_state()] if with_rng else None  # a format /2 file without them (save_checkpoint's rng=None)
     save_checkpoint(str(tmp_path), 4, payload["model"], payload["optimizer"], payload["config"], rng=rng)
     assert ("rng" in torch.load(path, weights_only=True)) == with_rng
     assert check_resume(cfg.replace(resume_from=path)) == 4

@@ -1,0 +1,113 @@
+"""How many ranks, and threads each, this machine can run: checked before any process starts.
+
+A launch of 10**6 ranks once filled the machine's process table (every user's fork failed for minutes). The
+limits: a stated maximum, the usable cores (ranks may share a core, up to MAX_RANKS_PER_CORE of them), and the
+processes this user and this cgroup may still start (RLIMIT_NPROC, the cgroup's pids.max). Standard library only
+(psutil only where a process limit is set): the command line checks a run before torch is imported.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, List, Optional, Tuple
+
+from ..common.errors import ConfigError
+
+MAX_WORLD_SIZE = 128  # ranks one launch starts on one machine, at most (a tutorial's runs use 1 to 8)
+MAX_RANKS_PER_CORE = 8  # oversubscription allowed, bounded: the lessons run 4 ranks on 2 cores, a 1-core VM 4 on 1
+TASKS_PER_RANK = 8  # threads a CPU rank holds besides its torch threads (gloo's, torch's pools, Python's): 5 measured
+#                    after an all-reduce and a backward (torch 2.x, Linux); the process limits count threads
+
+
+def usable_core_count() -> int:
+    """The cores this process may run on (its affinity mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def cgroup_pids_room(cgroup_file: str = "/proc/self/cgroup",
+                     fs_root: str = "/sys/fs/cgroup") -> Optional[Tuple[int, str]]:
+    """(tasks this cgroup may still start, which file says so) for the tightest pids.max on the process's
+    cgroup and its parents (cgroup v2, or v1's pids controller), None when none is set."""
+    try:
+        with open(cgroup_file) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best: Optional[Tuple[int, str]] = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not (parts[1] == "" or "pids" in parts[1].split(",")):
+            continue
+        mount = fs_root if parts[1] == "" else os.path.join(fs_root, "pids")
+        here = os.path.join(mount, parts[2].lstrip("/"))
+        here = here if os.path.isdir(here) else mount  # inside a container the mount is its own cgroup
+        while True:
+            limit, used = _read_int(os.path.join(here, "pids.max")), _read_int(os.path.join(here, "pids.current"))
+            if limit is not None and (best is None or limit - (used or 0) < best[0]):
+                best = (limit - (used or 0), os.path.join(here, "pids.max") + f"={limit}, {used or 0} in use")
+            if len(here) <= len(mount):
+                break
+            here = os.path.dirname(here)
+    return best
+
+
+def nproc_room() -> Optional[Tuple[int, str]]:
+    """(tasks this user may still start, what says so) under RLIMIT_NPROC, None when unlimited or not enforced."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft == resource.RLIM_INFINITY or os.geteuid() == 0:  # root is exempt (CAP_SYS_RESOURCE)
+        return None
+    return soft - _user_tasks(), f"RLIMIT_NPROC={soft} (ulimit -u), {_user_tasks()} of this user's in use"
+
+
+def _user_tasks() -> int:
+    """Threads of every process of this user (what RLIMIT_NPROC counts)."""
+    import psutil
+
+    uid, total = os.getuid(), 0
+    for p in psutil.process_iter(["uids", "num_threads"]):
+        uids, threads = p.info["uids"], p.info["num_threads"]
+        if uids is not None and uids.real == uid:
+            total += threads or 1
+    return total
+
+
+def room_limits() -> List[Tuple[int, str]]:
+    """Every process limit that applies here: (tasks still allowed, its name and figures)."""
+    return [r for r in (cgroup_pids_room(), nproc_room()) if r is not None]
+
+
+def check_world_size(world_size: int, threads: Optional[int], setting: Callable[[str, object], str],
+                     rooms: Optional[List[Tuple[int, str]]] = None) -> None:
+    """Refuse more ranks, or threads per rank, than this machine can run; setting(name, value) names the
+    argument as the caller spells it (e.g. "launch(world_size=10)")."""
+    cores = usable_core_count()
+    most = min(MAX_WORLD_SIZE, MAX_RANKS_PER_CORE * cores)
+    if world_size > most:
+        why = (f"the stated maximum MAX_WORLD_SIZE={MAX_WORLD_SIZE}" if most == MAX_WORLD_SIZE else
+               f"{MAX_RANKS_PER_CORE} ranks per usable core (MAX_RANKS_PER_CORE) x {cores} cores")
+        raise ConfigError(f"{setting('world_size', world_size)} is not accepted: at most {most} ranks on this "
+                          f"machine ({why}, ddp_helpers/ranks/limits.py); use world_size<={most}")
+    if threads is not None and threads > cores:
+        raise ConfigError(f"{setting('threads_per_rank', threads)} is not accepted: at most {cores}, the usable "
+                          f"cores (more threads than cores only wait for each other); use None (automatic: cores // "
+                          "ranks) or fewer")
+    need = world_size * ((threads or 1) + TASKS_PER_RANK)
+    for room, what in room_limits() if rooms is None else rooms:
+        if need > room:
+            raise ConfigError(f"{setting('world_size', world_size)} is not accepted: {world_size} ranks need about "
+                              f"{need} processes and threads, and only {max(room, 0)} more may start here ({what}); "
+                              "use fewer ranks or threads_per_rank, or raise the limit")
