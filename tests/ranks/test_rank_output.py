@@ -131,6 +131,22 @@ def test_the_cap_is_per_launch(tmp_path, capsys, monkeypatch):
     reader.close()
 
 
+def test_a_cell_function_keeps_its_file_name_on_the_way_to_the_ranks():
+    """cloudpickle would name its code (and a lambda's inside it) "<dynamic-code>": no cell could be named."""
+    import pickle
+
+    from ddp_helpers.ranks.payload import dumps
+
+    ns = {"__name__": "__main__"}
+    exec(compile("def f(x):\n    g = lambda y: 1 / y\n    return g(x)\n", "/tmp/ipykernel_1/123.py", "exec"), ns)
+    f = pickle.loads(dumps(ns["f"]))
+    inner = [c for c in f.__code__.co_consts if hasattr(c, "co_filename")]
+    assert f.__code__.co_filename == "/tmp/ipykernel_1/123.py" and inner[0].co_filename == f.__code__.co_filename
+    with pytest.raises(ZeroDivisionError) as info:
+        f(0)
+    assert [str(t.path) for t in info.traceback][-2:] == ["/tmp/ipykernel_1/123.py"] * 2
+
+
 CELL = '''\
 import warnings
 from ddp_helpers import RankFailedError, launch
