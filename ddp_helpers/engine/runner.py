@@ -28,7 +28,7 @@ def _want_progress(progress: Optional[bool]) -> bool:
 
 
 class ProgressBar:
-    """A tqdm bar (and an optional callback) fed from the ranks' step counters (the children never print).
+    """A tqdm bar (and an optional callback) fed from the ranks' step counters (the ranks print nothing of it).
 
     Start-up is a phase of its own ("starting 2 ranks"): the bar's clock restarts at the first step, so its
     rate is the training loop's, not skewed by the seconds the ranks took to start.
