@@ -1,6 +1,7 @@
 """Start-up of a run from one long-lived Python process (a notebook kernel): the default start method against
 spawn, a first call with and without warm_up(), a notebook set-up cell calling warm_up() before or after its
-imports, and exercise checks after the first.
+imports, and exercise checks after the first. Each call's phases: start-up, the loop, after the loop (the ranks'
+evaluation and exit, the launch's end) and the rest of the call (checks, data, result, clean-up).
 
     python benchmarks/startup.py [--calls 4] [--markdown]
 
@@ -28,7 +29,12 @@ def _calls(start_method: str, n: int) -> list:
     for _ in range(n):
         t0 = time.monotonic()
         r = run_training(TrainConfig(dataset="mnist-5k"), progress=False, start_method=start_method)
-        out.append({"call": time.monotonic() - t0, "startup": r.startup_s, "loop": r.loop_time_s})
+        call = time.monotonic() - t0
+        # wall_time_s runs from the launch to the moment launch() returned: start-up, the loop, then what follows
+        # the loop (the ranks' evaluation and exit, the launch's end). The rest of the call is this process's own
+        # work around the launch (checks, the data, the plan, the result, the run folder's removal).
+        out.append({"call": call, "startup": r.startup_s, "loop": r.loop_time_s,
+                    "after": r.wall_time_s - r.startup_s - r.loop_time_s, "other": call - r.wall_time_s})
     return out
 
 
@@ -108,11 +114,12 @@ def main() -> int:
             ("default, first call in a fresh process", cold),
             (f"default, first call {args.reading_s:.0f} s after warm_up()", warmed)]
     bar = "|" if args.markdown else " "
-    print(f"{bar} run {bar} start-up s {bar} whole call s {bar} loop s {bar}")
+    print(f"{bar} run {bar} start-up s {bar} whole call s {bar} loop s {bar} after the loop s {bar} other s {bar}")
     if args.markdown:
-        print("|---|---|---|---|")
+        print("|---|---|---|---|---|---|")
     for name, c in rows:
-        print(f"{bar} {name} {bar} {c['startup']:.3f} {bar} {c['call']:.3f} {bar} {c['loop']:.3f} {bar}")
+        print(f"{bar} {name} {bar} {c['startup']:.3f} {bar} {c['call']:.3f} {bar} {c['loop']:.3f} {bar} "
+              f"{c['after']:.3f} {bar} {c['other']:.3f} {bar}")
     med_start = statistics.median(c["startup"] for c in auto[1:])
     med_call = statistics.median(c["call"] for c in auto[1:])
     spawn_start = statistics.median(c["startup"] for c in spawn[1:])
@@ -120,6 +127,10 @@ def main() -> int:
     print(f"exercise check: first {checks[0]:.2f} s, later (median) {later_checks:.2f} s  (target <= 1 s)")
     print(f"default start-up, calls 2..{args.calls} (median): {med_start:.3f} s (target <= 0.15 s); whole call "
           f"{med_call:.3f} s (target <= 0.3 s)")
+    phases = {k: statistics.median(c[k] for c in auto[1:]) for k in ("startup", "loop", "after", "other")}
+    print(f"default calls 2..{args.calls}, phases (median): start-up {phases['startup']:.3f} s, loop "
+          f"{phases['loop']:.3f} s, after the loop (evaluation, the ranks' exit, the launch's end) "
+          f"{phases['after']:.3f} s, other (checks, data, result, clean-up) {phases['other']:.3f} s")
     print(f"start-up spawn / default: {spawn_start / med_start:.1f}x (target >= 10x)")
     print(f"set-up cell to the end of the first launch (median of {args.setup_rounds}): warm_up() before the imports "
           f"{statistics.median(setup[True]):.2f} s, after them {statistics.median(setup[False]):.2f} s")

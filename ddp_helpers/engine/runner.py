@@ -28,7 +28,7 @@ def _want_progress(progress: Optional[bool]) -> bool:
 
 
 class ProgressBar:
-    """A tqdm bar (and an optional callback) fed from the ranks' step counters (the children never print).
+    """A tqdm bar (and an optional callback) fed from the ranks' step counters (the ranks print nothing of it).
 
     Start-up is a phase of its own ("starting 2 ranks"): the bar's clock restarts at the first step, so its
     rate is the training loop's, not skewed by the seconds the ranks took to start.
@@ -68,7 +68,8 @@ class ProgressBar:
 
 
 def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = None, start_method: str = "auto",
-                 on_progress: Optional[Callable[[List[int], int], None]] = None, **overrides) -> TrainResult:
+                 on_progress: Optional[Callable[[List[int], int], None]] = None, rank_output: bool = False,
+                 **overrides) -> TrainResult:
     """Train cfg.world_size DDP replicas in real processes and return their per-step records.
 
     Settings are checked before anything starts; a failing rank raises RankFailedError, and Ctrl-C
@@ -78,7 +79,9 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     server with torch already imported (after the first call a launch takes a fraction of a second);
     "spawn" starts fresh interpreters as the listing's mp.spawn does (each imports torch: seconds).
     on_progress(steps_done_per_rank, total_steps) is called from this process whenever a rank advances
-    (e.g. to drive widgets); it runs between polls, so keep it quick.
+    (e.g. to drive widgets); it runs between polls, so keep it quick. rank_output=True shows what the ranks
+    print (torch's warnings), prefixed "[rank r] " as launch() shows a function's; by default the engine's ranks,
+    which run only the package's code, stay silent, and a failure shows the failed rank's last lines.
     """
     cfg = _settings(cfg, progress, on_progress, overrides)
     cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
@@ -88,7 +91,8 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
         run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
         try:
-            return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress)
+            return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress,
+                             rank_output)
         finally:
             remove_run_dir(run_dir)
 
@@ -109,7 +113,8 @@ def _settings(cfg: Optional[TrainConfig], progress: object, on_progress: object,
 
 
 def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, data, progress: Optional[bool],
-              start_method: str, on_progress: Optional[Callable[[List[int], int], None]]) -> TrainResult:
+              start_method: str, on_progress: Optional[Callable[[List[int], int], None]],
+              rank_output: bool = False) -> TrainResult:
     """run_training's launch and result, with every rank's rows in run_dir."""
     job = Job.create(cfg, backend, data, run_dir, start_step)
     bar = ProgressBar(job.rows, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
@@ -124,7 +129,7 @@ def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, dat
                          host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s,
                          threads_per_rank=cfg.threads_per_rank or default_threads(cfg.world_size), on_poll=bar,
                          start_method=start_method, bind_cores=cfg.bind_cores, run_dir=run_dir,
-                         watch_shared=False)  # the engine's ranks only read the data
+                         watch_shared=False, quiet=not rank_output)  # the engine's ranks only read the data
         result = job.result(final_params=outputs[0]["final_params"])
     except RankFailedError as e:
         e.partial_result = job.result(complete=False)  # every step the ranks recorded before the failure

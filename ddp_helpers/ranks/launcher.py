@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..common.errors import ConfigError
 from ..common.torch_state import import_torch
-from .arguments import check_launch_arguments
+from .arguments import check_flags, check_launch_arguments
 from .boot import rank_main
+from .cells import name_cells
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
-from .ending import GRACE_S, LAUNCH_MARK, end_launch, interrupts_deferred, stop_processes
+from .echo import LaunchEcho, echo_for
+from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
 from .outbox import read_reports
 from .payload import Deferred, tensors_in
@@ -110,7 +112,7 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
            host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, threads_per_rank: Optional[int] = None,
            on_poll: Optional[Callable[[], None]] = None, poll_s: float = 0.05,
            bind_cores: Optional[bool] = None, init_group: bool = True, run_dir: Optional[str] = None,
-           watch_shared: bool = True) -> List[Any]:
+           watch_shared: bool = True, quiet: bool = False) -> List[Any]:
     """Run fn(rank, world_size, *args) on world_size processes in one process group; return each rank's value.
 
     Every rank sees torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -129,9 +131,14 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     run_dir: the run folder each rank leaves its log, report and rows in (ranks/outbox.py); by default a new
     one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
     read and remove.
+    What a rank prints (print(), warnings, C++ output) is shown here as it comes, each line prefixed "[rank r] ",
+    a rank's lines in the order it wrote them, up to ranks/echo.py's ECHO_LINES per rank; quiet=True shows none
+    (it stays in the rank's log, whose last lines a failure shows). A traceback or warning from a function
+    defined in a notebook cell names the cell as IPython does ("Cell In[3], line 5").
     """
     check_launch_arguments(fn, world_size, args, backend, host, port, threads_per_rank, on_poll, poll_s, bind_cores,
                            init_group, run_dir, watch_shared)
+    check_flags(quiet=quiet)
     import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
     method = check_start_method(start_method)
     backend = check_launch(world_size, backend, host, port, timeout_s)
@@ -146,7 +153,8 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     with EndOnSignals():
         try:
             return _launch(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
-                           run_dir, mark, Deferred((fn, args)), procs, on_poll, poll_s)
+                           run_dir, mark, Deferred((fn, args)), procs, on_poll, poll_s,
+                           echo_for(run_dir, world_size, quiet))
         finally:
             if own_dir:
                 remove_run_dir(run_dir)
@@ -171,9 +179,11 @@ def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
 
 def _launch(method: str, world_size: int, backend: str, host: str, port: int, timeout_s: float, threads: int,
             bind_cores: Optional[bool], init_group: bool, run_dir: str, mark: str, payload: Deferred,
-            procs: List[Any], on_poll: Optional[Callable[[], None]], poll_s: float) -> List[Any]:
+            procs: List[Any], on_poll: Optional[Callable[[], None]], poll_s: float,
+            echo: Optional[LaunchEcho]) -> List[Any]:
     """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
     listener = store = None
+    before = PidsBefore()  # what a rank starts is among the processes that appear from now on
     try:
         # Bound before the ranks start (its port is part of their environment); it listens, with a TCP store
         # behind it, only for a function that joins through env:// itself (init_group=False).
@@ -186,18 +196,18 @@ def _launch(method: str, world_size: int, backend: str, host: str, port: int, ti
             # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
             # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
             store = serve_store(listener, host, world_size, timeout_s)
-        outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s)
+        outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s, echo)
     except KeyboardInterrupt:
-        end_launch(procs, mark, wait_s=0.0)
+        end_launch(procs, mark, wait_s=0.0, before=before)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
     except BaseException:
-        end_launch(procs, mark, wait_s=0.0)  # nothing outlives the call
+        end_launch(procs, mark, wait_s=0.0, before=before)  # nothing outlives the call
         raise
     finally:
         store = None  # noqa: F841 - frees the port for the next run
         if listener is not None:
             listener.close()
-    if end_launch(procs, mark, wait_s=10.0):  # every rank reported: they are exiting now
+    if end_launch(procs, mark, wait_s=10.0, before=before):  # every rank reported: they are exiting now
         raise LaunchInterrupted(f"stopped as the ranks finished; all {world_size} ranks have ended")
     return outputs
 
@@ -235,8 +245,30 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
 
 
 def _supervise(context: ProcessContext, method: str, run_dir: str, world_size: int,
-               on_poll: Optional[Callable[[], None]], poll_s: float) -> List[Any]:
-    """Wait for every rank; on the first failure end them all (torch's join) and raise RankFailedError."""
+               on_poll: Optional[Callable[[], None]], poll_s: float, echo: Optional[LaunchEcho]) -> List[Any]:
+    """Wait for every rank, showing what they print; on the first failure end them all (torch's join) and raise
+    RankFailedError."""
+    try:
+        failed = _watch(context, on_poll, poll_s, echo)
+    finally:
+        if echo is not None:
+            echo.finish()  # every line the ranks wrote, before their values or the error
+    if failed is not None:
+        err = _failure(failed, context, method, run_dir, world_size, echo)
+        raise err from err.__cause__  # the rank's own exception, not torch's ProcessExitedException
+    if on_poll is not None:
+        on_poll()
+    reports = read_reports(run_dir, world_size)
+    if len(reports) < world_size or not all(r.ok for r in reports.values()):  # exited with 0, said nothing
+        first = next(r for r in range(world_size) if r not in reports or not reports[r].ok)
+        err = _failure(first, context, method, run_dir, world_size, echo)
+        raise err from err.__cause__
+    return [pickle.loads(reports[r].value) for r in range(world_size)]
+
+
+def _watch(context: ProcessContext, on_poll: Optional[Callable[[], None]], poll_s: float,
+           echo: Optional[LaunchEcho]) -> Optional[int]:
+    """Poll until every rank has exited (None) or one failed (its index: torch's join has ended the others)."""
     from torch.multiprocessing.spawn import ProcessException
 
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
@@ -246,31 +278,39 @@ def _supervise(context: ProcessContext, method: str, run_dir: str, world_size: i
         while True:
             if on_poll is not None:
                 on_poll()
+            if echo is not None:
+                echo.poll()
             try:
                 # join waits only on ranks still running; on a failure it gives the others SETTLE_S to report
                 # their side, then terminates them.
                 if context.join(timeout=poll_s, grace_period=SETTLE_S):
-                    break
+                    return None
             except ProcessException as e:
-                err = _failure(e.error_index, context, method, run_dir, world_size)
-                raise err from err.__cause__  # the rank's own exception, not torch's ProcessExitedException
+                return e.error_index
     finally:
         spawn_log.setLevel(level)
-    if on_poll is not None:
-        on_poll()
-    reports = read_reports(run_dir, world_size)
-    if len(reports) < world_size or not all(r.ok for r in reports.values()):  # exited with 0, said nothing
-        first = next(r for r in range(world_size) if r not in reports or not reports[r].ok)
-        err = _failure(first, context, method, run_dir, world_size)
-        raise err from err.__cause__
-    return [pickle.loads(reports[r].value) for r in range(world_size)]
 
 
-def _failure(first: int, context: ProcessContext, method: str, run_dir: str, world_size: int) -> RankFailedError:
+def _failure(first: int, context: ProcessContext, method: str, run_dir: str, world_size: int,
+             echo: Optional[LaunchEcho] = None) -> RankFailedError:
     codes = [p.exitcode for p in context.processes]
     server = getattr(context, "forkserver_pid", None)
-    return diagnose(read_reports(run_dir, world_size), run_dir, world_size, first=first, codes=codes,
-                    server_died=_forkserver_died(method, codes, server))
+    reports = read_reports(run_dir, world_size)
+    for report in reports.values():
+        report.traceback_text = name_cells(report.traceback_text)  # a learner's cell as IPython names it
+    err = diagnose(reports, run_dir, world_size, first=first, codes=codes,
+                   server_died=_forkserver_died(method, codes, server))
+    return _tail_shown(err, echo)
+
+
+def _tail_shown(err: RankFailedError, echo: Optional[LaunchEcho]) -> RankFailedError:
+    """The error without the failed rank's last output when every line of it is already in the cell above."""
+    if echo is None or not echo.shown_all(err.rank) or f"--- last output of rank {err.rank} ---" not in str(err):
+        return err
+    lean = RankFailedError(err.rank, err.message, err.traceback_text, err.original, others=err.others,
+                           log_tail=f"(shown above, in its [rank {err.rank}] lines)")
+    lean.__cause__ = err.__cause__
+    return lean
 
 
 def _forkserver_pid() -> Optional[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import types
 from typing import Any, Dict, List, Optional
 
 SHARE_ARRAYS_FROM = 16 * 2**20  # NumPy arrays this large travel through shared memory, not one copy per rank
@@ -33,6 +34,21 @@ def _reducer(shared: Dict[int, Any]):
     return reduce
 
 
+def _code_reducer(cloudpickles: Any):
+    """Code objects as cloudpickle sends them, but with their file name: cloudpickle renames every one
+    "<dynamic-code>" (its payload then doesn't depend on where a function was defined), and a rank's traceback
+    and warnings could then not name the learner's cell (ranks/cells.py names it in the launching kernel)."""
+    def reduce(code: types.CodeType) -> Any:
+        if code.co_filename == "<dynamic-code>":
+            return cloudpickles(code)
+        return _named_code, (code.replace(co_filename="<dynamic-code>"), code.co_filename)
+    return reduce
+
+
+def _named_code(code: types.CodeType, filename: str) -> types.CodeType:
+    return code.replace(co_filename=filename)
+
+
 def tensors_in(obj: Any) -> List[Any]:
     """Every torch tensor obj holds, found by pickling it to nowhere as dumps would (closures and globals of cell
     functions too), the tensors themselves left out; raises what pickling obj would raise."""
@@ -59,9 +75,13 @@ def dumps(obj: Any, shared: Optional[Dict[int, Any]] = None) -> bytes:
     import numpy as np
     from multiprocessing.reduction import ForkingPickler
 
+    own = {np.ndarray: _reducer({} if shared is None else shared)}
+    code_reduce = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
+    if code_reduce is not None:
+        own[types.CodeType] = _code_reducer(code_reduce)
+
     class RankPickler(cloudpickle.Pickler):
-        dispatch_table = collections.ChainMap({np.ndarray: _reducer({} if shared is None else shared)},
-                                              ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table)
+        dispatch_table = collections.ChainMap(own, ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table)
 
     buf = io.BytesIO()
     RankPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)

@@ -1,5 +1,6 @@
-"""A launched rank's stdout and stderr, Python's and C++'s alike: sent to its log file, never into a notebook cell,
-and capped, so a rank that prints without end can't fill the disk (8.86 GiB were seen before the cap)."""
+"""A launched rank's stdout and stderr, Python's and C++'s alike: sent to its log file (which the launcher reads
+and shows, ranks/echo.py), and capped, so a rank that prints without end can't fill the disk (8.86 GiB were
+seen before the cap)."""
 from __future__ import annotations
 
 import os

@@ -13,9 +13,10 @@ import threading
 
 LAUNCHER_PID_ENV = "DDP_HELPERS_LAUNCHER_PID"  # set by startmethod.prepare_forkserver just before the server starts
 # torch._dynamo: DDP's constructor imports it (~3 s). psutil: every rank uses it (the interface towards the
-# master, its descendants at exit) and imports it lazily, ~25 ms per rank when not preloaded.
-MODULES = ("torch.distributed", "torch._dynamo", "psutil", "ddp_helpers.ranks.boot", "ddp_helpers.ranks.rank",
-           "ddp_helpers.engine.worker")
+# master, its descendants at exit) and imports it lazily, ~25 ms per rank when not preloaded. cloudpickle: every
+# rank's report is pickled with it (a cell's classes come back), 2-3 ms of each launch's end when not preloaded.
+MODULES = ("torch.distributed", "torch._dynamo", "psutil", "cloudpickle", "ddp_helpers.ranks.boot",
+           "ddp_helpers.ranks.rank", "ddp_helpers.engine.worker")
 EXTRA_ENV = "DDP_HELPERS_PRELOAD"  # more modules for the server to import once (comma-separated): what every rank imports
 
 

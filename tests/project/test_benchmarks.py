@@ -241,9 +241,11 @@ def test_startup_prints_every_call_and_the_targets(monkeypatch, capsys):
     rows = _table(stdout)
     assert {"default (auto), call 1", "default (auto), call 2", "spawn, call 1", "spawn, call 2",
             "default, first call in a fresh process", "default, first call 0 s after warm_up()"} == set(rows)
-    for startup, call, loop in ((float(x) for x in r) for r in rows.values()):
+    for startup, call, loop, after, other in ((float(x) for x in r) for r in rows.values()):
         assert 0 < startup < call and 0 < loop < call
+        assert 0 <= after < call and 0 < other < call and abs(startup + loop + after + other - call) < 0.004
     for target in ("exercise check: first", "default start-up, calls 2..2", "start-up spawn / default:",
+                   "default calls 2..2, phases (median): start-up",
                    "set-up cell to the end of the first launch (median of 1): warm_up() before the imports"):
         assert target in stdout
 
