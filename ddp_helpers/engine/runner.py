@@ -84,6 +84,8 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     which run only the package's code, stay silent, and a failure shows the failed rank's last lines.
     """
     cfg = _settings(cfg, progress, on_progress, overrides)
+    if not isinstance(rank_output, bool):
+        raise ConfigError(f"run_training(rank_output={rank_output!r}) is not accepted: True or False")
     cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
     backend, start_step = check_job(cfg)
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
