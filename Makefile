@@ -78,6 +78,7 @@ test-floor:
 	$(FLOOR_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(FLOOR_VENV)/install.log 2>&1
 	echo "$(FLOOR_TORCH)" > $(FLOOR_VENV)/floor.txt
 	$(FLOOR_PY) tools/pip_progress.py $(FLOOR_VENV)/install.log -- install -e ".[test]" -c $(FLOOR_VENV)/floor.txt
+	$(FLOOR_PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	$(FLOOR_PY) -c "import torch; print('test-floor: torch', torch.__version__)"
 	$(FLOOR_PY) -m pytest tests -q $(XDIST) -p no:nbval
 	PYTHONPATH=tools $(FLOOR_PY) -m pytest -p nbval_ipc --nbval-lax -q -p no:cacheprovider $(XDIST) --dist loadfile $(FLOOR_NBS)

@@ -64,7 +64,10 @@ def gate_agent_store_flag() -> None:
     every endpoint a client-only store, so a rank's own init_process_group("tcp://host:other_port") waited for a
     server nobody starts (notebook 01's launch(init_group=False) cell). Called in a rank before an fn's own init.
     """
-    from torch.distributed import rendezvous  # a rank has torch loaded already
+    import importlib
+
+    # the module: torch.distributed's own name `rendezvous` is a function; a rank has torch loaded already
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
     if hasattr(rendezvous, "_agent_store_serves") or getattr(rendezvous, "_ddp_helpers_gated", False):
         return
