@@ -27,7 +27,7 @@ def installed_torch() -> Optional[str]:
 def torch_estimate(torch: Optional[str], system: str, machine: str) -> str:
     """What installing torch will cost here, in words: PyPI's Linux x86_64 torch is the CUDA build."""
     if torch is not None:
-        return f"torch {torch} is already installed (kept if it matches requirements-recorded.txt)"
+        return f"torch {torch} is already installed (kept when it satisfies the pins given to pip)"
     if system == "Linux" and machine in ("x86_64", "AMD64"):
         return ("torch from PyPI: on Linux x86_64 the CUDA build, ~4.5 GB of downloads (torch, nvidia-*, triton) "
                 "and a ~6 GB .venv; a CPU-only torch installed first is kept (README, Set up)")
@@ -37,7 +37,7 @@ def torch_estimate(torch: Optional[str], system: str, machine: str) -> str:
 def announce(out=sys.stdout) -> None:
     """The line said before pip starts."""
     what = torch_estimate(installed_torch(), platform.system(), platform.machine())
-    print(f"make env: installing the package and its test tools: {what}, plus ~120 small packages (~0.4 GB). "
+    print(f"installing the package and its test tools: {what}, plus ~120 small packages (~0.4 GB). "
           "This takes a few minutes on a fast network; each package is listed as it is fetched.", file=out, flush=True)
 
 

@@ -176,3 +176,29 @@ def test_a_notebook_without_the_package_stops_at_its_first_cell_with_the_install
     assert e.value.__cause__ is None and e.value.__suppress_context__, "the ImportError would be shown too"
     monkeypatch.delitem(sys.modules, "ddp_helpers")
     exec(compile(_first_lines(first.source), str(path), "exec"), {})  # with the package: nothing happens
+
+
+def test_the_agent_store_flag_is_kept_from_another_endpoint_before_torch_2_14(monkeypatch):
+    """torch < 2.14 (no rendezvous._agent_store_serves): a rank's own tcp:// store is made without the flag, the
+    launcher's MASTER_ADDR:MASTER_PORT with it, and the flag is back afterwards."""
+    import types
+
+    from ddp_helpers.ranks.env import gate_agent_store_flag
+
+    seen = []
+    old = types.ModuleType("torch.distributed.rendezvous")  # 2.13's: _create_c10d_store reads the flag itself
+    old._create_c10d_store = lambda host, port, *a, **k: seen.append(os.environ.get("TORCHELASTIC_USE_AGENT_STORE"))
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", old)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    gate_agent_store_flag()
+    gate_agent_store_flag()  # once only
+    old._create_c10d_store("127.0.0.1", 29401, 0, 2, None)
+    old._create_c10d_store("127.0.0.1", 29400, 0, 2, None)
+    assert seen == [None, "True"] and os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True", seen
+    new = types.ModuleType("torch.distributed.rendezvous")  # 2.14's checks the endpoint itself: left alone
+    new._agent_store_serves = new._create_c10d_store = object()
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", new)
+    gate_agent_store_flag()
+    assert new._create_c10d_store is new._agent_store_serves
