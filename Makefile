@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements-recorded.txt
 	@# setuptools>=77 (build-system.requires) into the venv itself: tools/pip_user.py builds the wheel offline with it
 	@# (--no-build-isolation), and a new venv has none (3.12+) or an older one (3.11: 65.5, which rejects the license).
 	$(PY) -m pip install -q --upgrade pip "setuptools>=77" > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
-	$(PY) tools/pip_progress.py $(VENV)/install.log -- install -e ".[test,teacher]" -c requirements-recorded.txt
+	$(PY) tools/pip_progress.py $(VENV)/install.log -- install -e ".[test,teacher,vision]" -c requirements-recorded.txt
 	@# nbgrader (the teacher extra, which the tests need) stays out of JupyterLab: make lab shows the learner's Lab.
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader > /dev/null 2>&1 || true
 	@for e in formgrader validate_assignment assignment_list course_list; do \
@@ -78,7 +78,7 @@ test-floor:
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(FLOOR_VENV)/install.log 2>&1
 	echo "$(FLOOR_TORCH)" > $(FLOOR_VENV)/floor.txt
-	$(FLOOR_PY) tools/pip_progress.py $(FLOOR_VENV)/install.log -- install -e ".[test]" -c $(FLOOR_VENV)/floor.txt
+	$(FLOOR_PY) tools/pip_progress.py $(FLOOR_VENV)/install.log -- install -e ".[test,vision]" -c $(FLOOR_VENV)/floor.txt
 	$(FLOOR_PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	$(FLOOR_PY) -c "import torch; print('test-floor: torch', torch.__version__)"
 	$(FLOOR_PY) -m pytest tests -q $(XDIST) -p no:nbval

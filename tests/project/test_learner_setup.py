@@ -35,8 +35,8 @@ def _tool(name: str):
 
 
 def _floor(name: str) -> str:
-    return next(r.split(">=")[1].split(",")[0].strip() for r in PYPROJECT["project"]["dependencies"]
-                if r.startswith(f"{name}>="))
+    reqs = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["vision"]
+    return next(r.split(">=")[1].split(",")[0].strip() for r in reqs if r.startswith(f"{name}>="))
 
 
 def _version(text: str) -> tuple:
@@ -49,7 +49,7 @@ def test_the_recorded_torch_is_pinned_once_and_the_package_reads_the_same():
     assert _version(_floor("torchvision")) <= _version(PINS["torchvision"])
     assert f"torch>={_floor('torch')}" in recorded.torch_differs_note("2.0.0"), "the note names another floor"
     make = (ROOT / "Makefile").read_text()
-    assert re.search(r"install -e \"\.\[test,teacher\]\" -c requirements-recorded\.txt", make), "make env: no -c"
+    assert re.search(r"install -e \"\.\[test,teacher,vision\]\" -c requirements-recorded\.txt", make), "no -c"
     assert "pyproject.toml requirements-recorded.txt" in make, "make env isn't re-done when the pins change"
 
 
@@ -73,11 +73,12 @@ def test_warm_up_prints_one_line_for_another_torch(monkeypatch, capsys):
     assert capsys.readouterr().out == ""
 
 
-def _fake_wheel(folder: Path, name: str, version: str) -> None:
+def _fake_wheel(folder: Path, name: str, version: str, requires: str = "") -> None:
     """A wheel of `name` that pip would take over the installed one if it upgraded it (it never installs here)."""
     dist = f"{name}-{version}"
+    needs = f"Requires-Dist: {requires}\n" if requires else ""
     with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as zf:
-        zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}")
         zf.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: "
                                                 "py3-none-any\n")
         zf.writestr(f"{dist}.dist-info/RECORD", "")
@@ -91,8 +92,8 @@ def test_an_install_keeps_a_torch_that_satisfies_the_floor(tmp_path):
     wheel = _tool("pip_user").cached_wheel()
     links = tmp_path / "links"
     links.mkdir()
-    for name in ("torch", "torchvision"):
-        _fake_wheel(links, name, "99.0")
+    _fake_wheel(links, "torch", "99.0")
+    _fake_wheel(links, "torchvision", "99.0", "torch==99.0")  # as PyPI's newest torchvision pins the newest torch
     def would_install(*requirements: str) -> list:
         report = tmp_path / "report.json"
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links",
@@ -105,6 +106,7 @@ def test_an_install_keeps_a_torch_that_satisfies_the_floor(tmp_path):
         metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     needs = [r for r in re.findall(r"^Requires-Dist: (.+)$", metadata, re.M) if "extra ==" not in r]
     assert any(r.startswith("torch>=") for r in needs), needs
+    assert not any(r.startswith("torchvision") for r in needs), "a required torchvision brings its own torch"
     assert would_install("torch>=99") == ["torch"], "pip doesn't see the newer torch offered: the test proves nothing"
     assert would_install(*needs) == [], "installing the package would replace torch or torchvision"
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 ENV_FILES = ("environment.yml", "environment-cpu.yml", "environment-teacher.yml")
-LEARNER_EXTRAS = ("test",)  # make env's learner set-up: nbgrader (its Lab menus) and Playwright only for teachers
+LEARNER_EXTRAS = ("test", "vision")  # make env's learner set-up: nbgrader (its Lab menus) and Playwright only for teachers
 
 
 def _tool(name: str):
