@@ -76,7 +76,8 @@ FLOOR_NBS    = notebooks/00_core_path.ipynb notebooks/01_process_group.ipynb not
 LISTING_CELLS = --deselect \"notebooks/00_core_path.ipynb::Cell 2\" --deselect \"notebooks/04_two_process_mnist.ipynb::Cell 2\"
 test-floor:
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(FLOOR_VENV)/install.log 2>&1
+	$(FLOOR_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(FLOOR_VENV)/install.log 2>&1 || \
+	    (tail -20 $(FLOOR_VENV)/install.log; exit 1)
 	echo "$(FLOOR_TORCH)" > $(FLOOR_VENV)/floor.txt
 	$(FLOOR_PY) tools/pip_progress.py $(FLOOR_VENV)/install.log -- install -e ".[test,vision]" -c $(FLOOR_VENV)/floor.txt
 	$(FLOOR_PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
