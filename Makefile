@@ -2,23 +2,26 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml requirements-recorded.txt | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth bench-restart faults lab notebooks site clean
+.PHONY: env demo test test-unit test-notebooks test-floor test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth bench-restart faults lab notebooks site clean
 
 env: $(STAMP)
 
-# One virtual environment with the package (editable) and the test tools; re-done when pyproject.toml changes.
+# One virtual environment with the package (editable) and the test tools, on the torch the notebooks were recorded
+# with (-c requirements-recorded.txt: what nbval compares against); re-done when either file changes. pip runs
+# through tools/pip_progress.py: it says what it downloads and how much first, then lists each package it fetches
+# and prints a line each minute pip is otherwise silent (the whole output goes to $(VENV)/install.log).
 # First the interpreter against requires-python (the venv's own if there is one), so an old Python fails in one line.
 FLOOR = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.toml)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-recorded.txt
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c 'import sys; v = sys.version_info[:2]; sys.exit(v < tuple(map(int, "$(FLOOR)".split("."))) and f"make env: {sys.executable} is Python {v[0]}.{v[1]}; the package, its tests and nbgrader 0.9.6 (the teacher extra) need Python >= $(FLOOR). Give one: make PYTHON=python$(FLOOR) demo (remove $(VENV) first if it holds the old one)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# setuptools>=77 (build-system.requires) into the venv itself: tools/pip_user.py builds the wheel offline with it
 	@# (--no-build-isolation), and a new venv has none (3.12+) or an older one (3.11: 65.5, which rejects the license).
 	$(PY) -m pip install -q --upgrade pip "setuptools>=77" > $(VENV)/install.log 2>&1 || (tail -20 $(VENV)/install.log; exit 1)
-	$(PY) -m pip install -q -e ".[test,teacher]" >> $(VENV)/install.log 2>&1 || (grep -v "^WARNING: Location" $(VENV)/install.log | tail -40; exit 1)
+	$(PY) tools/pip_progress.py $(VENV)/install.log -- install -e ".[test,teacher,vision]" -c requirements-recorded.txt
 	@# nbgrader (the teacher extra, which the tests need) stays out of JupyterLab: make lab shows the learner's Lab.
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader > /dev/null 2>&1 || true
 	@for e in formgrader validate_assignment assignment_list course_list; do \
@@ -58,6 +61,35 @@ test-unit: env
 test-notebooks: env
 	$(PY) tools/pip_user.py -- -q $(XDIST) --dist loadfile
 	$(OTHER_KERNELS) PYTHONPATH=tools $(PY) $(NBVAL) $(XDIST) --dist loadfile $(NUMERIC_NBS)
+
+# The lowest torch pyproject.toml claims (torch>=2.13), in a venv of its own ($(FLOOR_VENV)): the unit tests, then
+# notebooks 0-5 and the exercises run cell by cell (--nbval-lax: any error fails; the stored outputs are
+# those of requirements-recorded.txt's torch, so they aren't compared). Not part of make test (it installs a
+# second torch, and takes ~20 min); result recorded in docs/maintainers.md, "The torch floor".
+FLOOR_TORCH ?= torch==2.13.0+cpu
+FLOOR_VENV  ?= .venv-floor
+FLOOR_PY     = $(FLOOR_VENV)/bin/python
+FLOOR_NBS    = notebooks/00_core_path.ipynb notebooks/01_process_group.ipynb notebooks/02_devices_and_data.ipynb \
+               notebooks/03_ddp_gradient_sync.ipynb notebooks/03b_build_ddp_sync.ipynb \
+               notebooks/04_two_process_mnist.ipynb notebooks/05_beyond_the_basics.ipynb \
+               notebooks/exercises/exercises.ipynb
+LISTING_CELLS = --deselect \"notebooks/00_core_path.ipynb::Cell 2\" --deselect \"notebooks/04_two_process_mnist.ipynb::Cell 2\"
+test-floor:
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(FLOOR_VENV)/install.log 2>&1 || \
+	    (tail -20 $(FLOOR_VENV)/install.log; exit 1)
+	echo "$(FLOOR_TORCH)" > $(FLOOR_VENV)/floor.txt
+	$(FLOOR_PY) tools/pip_progress.py $(FLOOR_VENV)/install.log -- install -e ".[test,vision]" -c $(FLOOR_VENV)/floor.txt
+	$(FLOOR_PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	$(FLOOR_PY) -c "import torch; print('test-floor: torch', torch.__version__)"
+	$(FLOOR_PY) -m pytest tests -q $(XDIST) -p no:nbval
+	@# The two cells that run the listing's script (torch and torchvision only, as the book's) need a torchvision
+	@# that loads with this torch; PyPI's for 2.13 is a CUDA build, which doesn't beside torch 2.13.0+cpu
+	@# (download.pytorch.org/whl/cpu has torchvision 0.28.0+cpu). The package itself falls back without one.
+	@skip=$$($(FLOOR_PY) -c "import torchvision.datasets" > /dev/null 2>&1 || echo "$(LISTING_CELLS)"); \
+	[ -z "$$skip" ] || echo "test-floor: no torchvision loads here: the listing's script cells are left out"; \
+	eval PYTHONPATH=tools $(FLOOR_PY) -m pytest -p nbval_ipc --nbval-lax -q -p no:cacheprovider $(XDIST) \
+	    --dist loadfile $$skip $(FLOOR_NBS)
 
 test-browser: env
 	.ci/install_browser.sh
@@ -111,8 +143,12 @@ site: env
 	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
 	@echo "open docs/_build/html/index.html"
 
+# As root (a container) Jupyter refuses to start without --allow-root; there it also listens on every interface
+# without opening a browser, so a published port (docker run -p 8888:8888) reaches it. LAB_ARGS adds options.
+LAB_ARGS ?=
+LAB_ROOT  = $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root --ip=0.0.0.0 --no-browser)
 lab: env
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_ROOT) $(LAB_ARGS) notebooks/
 
 clean:
 	rm -rf runs build/nbgrader build/wheel-cache .pytest_cache docs/_build docs/notebooks

@@ -21,7 +21,9 @@ author = "ddp_helpers"
 copyright = "ddp_helpers contributors"  # noqa: A001  (Sphinx's name for it)
 
 # sphinx_copybutton: a copy button on each code block (the notebooks' cells and the shell lines), not on outputs.
-extensions = ["myst_nb", "sphinx_copybutton", "site_notebooks", "static_widgets", "figure_alt"]
+# site_archive: the whole set as ddp-tutorial.zip (the notebooks and the package's source) and, on the index and
+# every notebook page, where the package comes from and the one line that installs it.
+extensions = ["myst_nb", "sphinx_copybutton", "site_notebooks", "static_widgets", "figure_alt", "site_archive"]
 root_doc = "index"
 exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 nitpicky = True  # an unresolved reference is a warning, and `make site` turns warnings into errors

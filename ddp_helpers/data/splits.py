@@ -124,14 +124,24 @@ def shard_indices(n: int, rank: int, world_size: int, seed: int, epoch: int, shu
 
 
 # ------------------------------------------------------------------------------------ the seed's pipeline
+def _to_tensor_normalized(img) -> torch.Tensor:
+    """ToTensor then Normalize((0.5,), (0.5,)) of a mode-L image, as torchvision's functional code computes them
+    (to_tensor: view as C x H x W, float, div(255); normalize: sub_(mean).div_(std)): the same bits."""
+    x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(1, img.size[1], img.size[0])
+    return x.to(torch.get_default_dtype()).div(255).sub_(0.5).div_(0.5)
+
+
 class SeedListingDataset(torch.utils.data.Dataset):
     """Listing 7.2's per-sample path: uint8 -> PIL image -> ToTensor -> Normalize, one sample at a time."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        from torchvision import transforms
-
         self.images, self.labels = images, labels
-        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
+        try:
+            from torchvision import transforms
+        except Exception:  # noqa: BLE001 - missing, or built for another torch: its two steps' own tensor ops
+            self.transform = _to_tensor_normalized
+        else:
+            self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -57,6 +57,35 @@ def launched_env(world_size: int, host: str, port: int, run_id: str, threads: in
     }
 
 
+def gate_agent_store_flag() -> None:
+    """Honour TORCHELASTIC_USE_AGENT_STORE (launched_env) only at MASTER_ADDR:MASTER_PORT, as torch >= 2.14 does.
+
+    torch 2.14's rendezvous._create_c10d_store asks _agent_store_serves(hostname, port); before it, the flag made
+    every endpoint a client-only store, so a rank's own init_process_group("tcp://host:other_port") waited for a
+    server nobody starts (notebook 01's launch(init_group=False) cell). Called in a rank before an fn's own init.
+    """
+    import importlib
+
+    # the module: torch.distributed's own name `rendezvous` is a function; a rank has torch loaded already
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
+    if hasattr(rendezvous, "_agent_store_serves") or getattr(rendezvous, "_ddp_helpers_gated", False):
+        return
+    create = rendezvous._create_c10d_store
+
+    def gated(hostname, port, *args, **kwargs):
+        if (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")) == (hostname, str(port)):
+            return create(hostname, port, *args, **kwargs)
+        flag = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        try:
+            return create(hostname, port, *args, **kwargs)
+        finally:
+            if flag is not None:
+                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = flag
+
+    rendezvous._create_c10d_store, rendezvous._ddp_helpers_gated = gated, True
+
+
 def rank_env(rank: int) -> Dict[str, str]:
     """What torchrun's agent sets for one worker of a single node: its ranks (global, local, in its role; the
     node is group 0)."""

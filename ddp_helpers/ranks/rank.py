@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .env import RankEnv, RankSpec, rank_env
+from .env import RankEnv, RankSpec, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
 from .procs import bind_this_thread, binding_plan, kill_descendants
 from .ranklog import capture_output
@@ -115,6 +115,7 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
     os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     if not init_group:
+        gate_agent_store_flag()  # torch < 2.14: the flag would also apply to the fn's own tcp:// endpoint
         return fn(env.rank, env.world_size, *args)
     init_group_from_env(backend, timeout_s, env, store_path)
     try:

@@ -98,9 +98,17 @@ def warm_up() -> None:
     then run beside the notebook's own. That saves ~1 s of the first run only when a core is free for them:
     with every core busy the gain disappears (and the set-up cell takes longer, its imports sharing the cores
     with the server's). The server keeps the package as it was imported: after changing ddp_helpers itself,
-    restart the kernel (as after any change to an imported module).
+    restart the kernel (as after any change to an imported module). A torch other than the one the notebooks
+    were recorded with is named in one line (common/recorded.py).
     """
-    if resolve_start_method("auto") != "forkserver" or not _in_launching_process():
+    if not _in_launching_process():
+        return
+    from ..common.recorded import torch_differs_note
+
+    note = torch_differs_note()  # from torch's metadata: torch itself is not imported here
+    if note:
+        print(note, flush=True)
+    if resolve_start_method("auto") != "forkserver":
         return
     prepare_forkserver()
     import multiprocessing.forkserver

@@ -15,7 +15,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-ENV_FILES = ("environment.yml", "environment-cpu.yml")
+ENV_FILES = ("environment.yml", "environment-cpu.yml", "environment-teacher.yml")
+LEARNER_EXTRAS = ("test", "vision")  # make env's learner set-up: nbgrader (its Lab menus) and Playwright only for teachers
 
 
 def _tool(name: str):
@@ -51,8 +52,9 @@ def _env_pip_requirements(env_file: str) -> dict:
 def test_environment_yml_matches_pyproject(env_file):
     project = PYPROJECT["project"]
     wanted = {_name(r): r.replace(" ", "") for r in project["dependencies"]}
-    for extra in project["optional-dependencies"].values():
-        wanted.update({_name(r): r.replace(" ", "") for r in extra})
+    for name, extra in project["optional-dependencies"].items():
+        if name in LEARNER_EXTRAS or env_file == "environment-teacher.yml":
+            wanted.update({_name(r): r.replace(" ", "") for r in extra})
     env = _env_pip_requirements(env_file)
     missing = sorted(set(wanted) - set(env))
     extra = sorted(set(env) - set(wanted))
@@ -61,6 +63,7 @@ def test_environment_yml_matches_pyproject(env_file):
     assert not differ, f"version specifiers differ (pyproject, {env_file}): {differ}"
     text = (ROOT / env_file).read_text()
     assert "-e ." in text, f"{env_file} must install the package itself"
+    assert "      - -c requirements-recorded.txt\n" in text, f"{env_file}: the recorded torch, as make env"
     python = f"  - python{project['requires-python']}\n"
     assert python in text, f"{env_file} should ask conda for {python.strip()[2:]}, pyproject's requires-python"
 
@@ -80,7 +83,7 @@ def test_floor_check_asks_for_everything_make_env_installs():
     """tools/check_floors.py (run by CI against the index) resolves the dependencies, every extra and the build."""
     check = _tool("check_floors")
     reqs = check.requirements(PYPROJECT)
-    for wanted in ["nbgrader==0.9.6", "playwright>=1.45", "pytest>=8.0", "torch>=2.14", "setuptools>=77"]:
+    for wanted in ["nbgrader==0.9.6", "playwright>=1.45", "pytest>=8.0", "torch>=2.13", "setuptools>=77"]:
         assert wanted in reqs, wanted
     assert check.floor(PYPROJECT["project"]["requires-python"]) == "3.11"
     with pytest.raises(ValueError, match="requires-python"):

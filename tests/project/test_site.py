@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 from urllib.parse import unquote, urlsplit
@@ -116,6 +117,33 @@ def test_every_internal_link_and_image_resolves(site):
                     broken.append(f"{path.relative_to(site)}: <{tag} {key}={value!r}> -> no such anchor")
     assert checked > 50, f"only {checked} internal links found: is the site empty?"
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:30])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_index_and_every_notebook_page_offer_the_whole_set_and_its_install_line(site, tmp_path):
+    """The package is not on PyPI: each page links ddp-tutorial.zip (the notebooks and the package's source) and
+    says `pip install .`; the archive holds every notebook and builds a wheel that ships them."""
+    archive = site / "ddp-tutorial.zip"
+    assert archive.is_file(), "the site has no ddp-tutorial.zip"
+    for page in [site / "index.html"] + [site / "notebooks" / f"{n}.html" for n in _notebooks()]:
+        parsed = _parse(page)
+        links = [v for tag, _, v in parsed.refs if tag == "a" and v.endswith("ddp-tutorial.zip")]
+        assert links and all((page.parent / v).resolve() == archive.resolve() for v in links), page
+        assert "pip install ." in "".join(parsed.text), f"{page.name} doesn't say how to install the package"
+    with zipfile.ZipFile(archive) as zf:
+        names = set(zf.namelist())
+        zf.extractall(tmp_path)
+    top = tmp_path / "ddp-tutorial"
+    missing = [n for n in _notebooks() if f"ddp-tutorial/notebooks/{n}.ipynb" not in names]
+    assert not missing and "ddp-tutorial/requirements-recorded.txt" in names, missing
+    assert not [n for n in names if "__pycache__" in n or n.startswith("ddp-tutorial/tests/")], "stray files"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "-q", "-w", str(tmp_path / "wheel"), str(top)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"pip can't build the archive's package:\n{proc.stderr[-3000:]}"
+    (wheel,) = (tmp_path / "wheel").glob("ddp_helpers-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        assert "ddp_helpers/notebooks/00_core_path.ipynb" in zf.namelist(), "the wheel lacks the notebooks"
 
 
 class _Images(html.parser.HTMLParser):

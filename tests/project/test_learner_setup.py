@@ -1,0 +1,206 @@
+"""The learner's own set-up: the recorded torch pinned in one file that make env and the package agree on, an
+install that keeps a torch satisfying the floor, make env's visible progress, make lab as root, and a notebook
+opened without the package stopping at its first cell with the install line."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import tomllib
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ddp_helpers.common import recorded
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PINS = dict(re.findall(r"^([a-z_-]+)==(\S+)$", (ROOT / "requirements-recorded.txt").read_text(), re.M))
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb")) + [
+    ROOT / "teacher" / "nbgrader" / "source" / "ddp_exercises" / "exercises.ipynb"]
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _floor(name: str) -> str:
+    reqs = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["vision"]
+    return next(r.split(">=")[1].split(",")[0].strip() for r in reqs if r.startswith(f"{name}>="))
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(x) for x in text.split("+")[0].split("."))
+
+
+def test_the_recorded_torch_is_pinned_once_and_the_package_reads_the_same():
+    assert PINS["torch"] == recorded.RECORDED_TORCH, "requirements-recorded.txt and common/recorded.py differ"
+    assert _version(_floor("torch")) <= _version(PINS["torch"]), "the floor is above the recorded torch"
+    assert _version(_floor("torchvision")) <= _version(PINS["torchvision"])
+    assert f"torch>={_floor('torch')}" in recorded.torch_differs_note("2.0.0"), "the note names another floor"
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"install -e \"\.\[test,teacher,vision\]\" -c requirements-recorded\.txt", make), "no -c"
+    assert "pyproject.toml requirements-recorded.txt" in make, "make env isn't re-done when the pins change"
+
+
+def test_the_note_names_a_torch_other_than_the_recorded_one():
+    assert recorded.torch_differs_note(recorded.RECORDED_TORCH) is None
+    assert recorded.torch_differs_note(recorded.RECORDED_TORCH + "+cpu") is None  # a local build tag is the same
+    note = recorded.torch_differs_note("2.13.0+cpu")
+    assert note.count("\n") == 0 and "2.13.0+cpu" in note and recorded.RECORDED_TORCH in note, note
+
+
+def test_warm_up_prints_one_line_for_another_torch(monkeypatch, capsys):
+    from ddp_helpers.ranks import startmethod
+
+    monkeypatch.setattr(recorded, "installed_torch", lambda: "2.13.0+cpu")
+    monkeypatch.setattr(startmethod, "resolve_start_method", lambda _: "spawn")  # no forkserver: only the note
+    startmethod.warm_up()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "torch 2.13.0+cpu here" in lines[0], lines
+    monkeypatch.setattr(recorded, "installed_torch", lambda: recorded.RECORDED_TORCH)
+    startmethod.warm_up()
+    assert capsys.readouterr().out == ""
+
+
+def _fake_wheel(folder: Path, name: str, version: str, requires: str = "") -> None:
+    """A wheel of `name` that pip would take over the installed one if it upgraded it (it never installs here)."""
+    dist = f"{name}-{version}"
+    needs = f"Requires-Dist: {requires}\n" if requires else ""
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as zf:
+        zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}")
+        zf.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: "
+                                                "py3-none-any\n")
+        zf.writestr(f"{dist}.dist-info/RECORD", "")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_an_install_keeps_a_torch_that_satisfies_the_floor(tmp_path):
+    """pip's resolution of the package's wheel's requirements in this environment (make test-floor: torch
+    2.13.0+cpu), offered newer torch and torchvision: it installs neither (--dry-run --report lists what it would)."""
+    wheel = _tool("pip_user").cached_wheel()
+    links = tmp_path / "links"
+    links.mkdir()
+    _fake_wheel(links, "torch", "99.0")
+    _fake_wheel(links, "torchvision", "99.0", "torch==99.0")  # as PyPI's newest torchvision pins the newest torch
+    def would_install(*requirements: str) -> list:
+        report = tmp_path / "report.json"
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links",
+                               str(links), "--report", str(report), "-q", *requirements], capture_output=True,
+                              text=True, env={**os.environ, "PIP_CONSTRAINT": os.devnull})  # no machine-wide cap
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return sorted(item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"])
+
+    with zipfile.ZipFile(wheel) as zf:  # the wheel's own requirements (this environment may hold the package)
+        metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    needs = [r for r in re.findall(r"^Requires-Dist: (.+)$", metadata, re.M) if "extra ==" not in r]
+    assert any(r.startswith("torch>=") for r in needs), needs
+    assert not any(r.startswith("torchvision") for r in needs), "a required torchvision brings its own torch"
+    assert would_install("torch>=99") == ["torch"], "pip doesn't see the newer torch offered: the test proves nothing"
+    assert would_install(*needs) == [], "installing the package would replace torch or torchvision"
+
+
+def test_make_env_says_what_it_downloads_and_how_much():
+    progress = _tool("pip_progress")
+    fresh = progress.torch_estimate(None, "Linux", "x86_64")
+    assert "4.5 GB" in fresh and "CUDA" in fresh, fresh
+    assert "GB" in progress.torch_estimate(None, "Darwin", "arm64")
+    assert "2.13.0+cpu is already installed" in progress.torch_estimate("2.13.0+cpu", "Linux", "x86_64")
+
+
+class _Terminal(io.StringIO):
+    """The terminal make env prints to; tells the fake pip to finish once a heartbeat line has appeared."""
+
+    def __init__(self, marker: Path):
+        super().__init__()
+        self.marker = marker
+
+    def write(self, text: str) -> int:
+        if "still working" in text:
+            self.marker.touch()
+        return super().write(text)
+
+
+def test_a_silent_pip_gets_a_heartbeat_line_and_its_packages_are_listed(tmp_path):
+    progress = _tool("pip_progress")
+    marker, log = tmp_path / "beat", tmp_path / "install.log"
+    fake_pip = ("import os, sys, time\nprint('Collecting torch', flush=True)\nprint('noise', flush=True)\n"
+                f"deadline = time.monotonic() + 60\nwhile not os.path.exists({str(marker)!r}):\n"
+                "    time.sleep(0.02)\n    if time.monotonic() > deadline: sys.exit(3)\nprint('Successfully installed x')")
+    out = _Terminal(marker)
+    status = progress.run(log, [sys.executable, "-c", fake_pip], heartbeat_s=0.2, out=out)
+    shown = out.getvalue()
+    assert status == 0, shown
+    assert "Collecting torch" in shown and "noise" not in shown and "Successfully installed x" in shown, shown
+    assert "noise" in log.read_text(), "the log keeps every line"
+
+
+def _fake_id(tmp_path: Path, uid: int) -> dict:
+    bin_dir = tmp_path / f"uid{uid}"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (bin_dir / "id").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_make_lab_allows_root_in_a_container(tmp_path, uid):
+    dry = subprocess.run(["make", "-n", "-o", "env", "lab"], cwd=ROOT, env=_fake_id(tmp_path, uid),
+                         capture_output=True, text=True, check=True).stdout
+    line = next(x for x in dry.splitlines() if "jupyter lab" in x)
+    assert (("--allow-root" in line and "--no-browser" in line) if uid == 0 else "--allow-root" not in line), line
+
+
+def _first_lines(source: str) -> str:
+    """A first cell's import guard: its lines up to the first blank line."""
+    return source.split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_notebook_without_the_package_stops_at_its_first_cell_with_the_install_line(path, monkeypatch):
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert "Recorded with torch " + recorded.RECORDED_TORCH in nb.cells[0].source, "the first markdown cell"
+    monkeypatch.setitem(sys.modules, "ddp_helpers", None)  # `import ddp_helpers` raises ImportError
+    with pytest.raises(RuntimeError, match=r"not installed: download ddp-tutorial\.zip .*`pip install \.`") as e:
+        exec(compile(_first_lines(first.source), str(path), "exec"), {})
+    assert e.value.__cause__ is None and e.value.__suppress_context__, "the ImportError would be shown too"
+    monkeypatch.delitem(sys.modules, "ddp_helpers")
+    exec(compile(_first_lines(first.source), str(path), "exec"), {})  # with the package: nothing happens
+
+
+def test_the_agent_store_flag_is_kept_from_another_endpoint_before_torch_2_14(monkeypatch):
+    """torch < 2.14 (no rendezvous._agent_store_serves): a rank's own tcp:// store is made without the flag, the
+    launcher's MASTER_ADDR:MASTER_PORT with it, and the flag is back afterwards."""
+    import types
+
+    from ddp_helpers.ranks.env import gate_agent_store_flag
+
+    seen = []
+    old = types.ModuleType("torch.distributed.rendezvous")  # 2.13's: _create_c10d_store reads the flag itself
+    old._create_c10d_store = lambda host, port, *a, **k: seen.append(os.environ.get("TORCHELASTIC_USE_AGENT_STORE"))
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", old)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    gate_agent_store_flag()
+    gate_agent_store_flag()  # once only
+    old._create_c10d_store("127.0.0.1", 29401, 0, 2, None)
+    old._create_c10d_store("127.0.0.1", 29400, 0, 2, None)
+    assert seen == [None, "True"] and os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True", seen
+    new = types.ModuleType("torch.distributed.rendezvous")  # 2.14's checks the endpoint itself: left alone
+    new._agent_store_serves = new._create_c10d_store = object()
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", new)
+    gate_agent_store_flag()
+    assert new._create_c10d_store is new._agent_store_serves
