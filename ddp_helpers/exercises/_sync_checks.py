@@ -7,7 +7,7 @@ verdicts here are made in the parent from those records, so each names what the 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -97,6 +97,18 @@ def data_verdict(changed: List[int]) -> Optional[Verdict]:
                                     "p.data (the weights), not p.grad. Leave the weights to the optimizer and put "
                                     "the averaged gradient into p.grad.")
     return None
+
+
+def timing_verdict(reduced: List[Dict[str, Any]], iterations: List[Dict[str, Any]], per_iteration: List[List[int]],
+                   filled: str) -> Tuple[Optional[Verdict], int]:
+    """The first backward's verdict on reads and writes before wait() and on p.data, else a later one's, with the
+    backward it came from (a problem only after the first backward comes from state kept from it)."""
+    for it, (result, indices) in enumerate(zip(iterations, per_iteration)):
+        verdict = first_verdict(flight_verdict([reduced[k] for k in indices], filled),
+                                read_verdict(result["sentinel"]), data_verdict(result["changed"]))
+        if verdict is not None:
+            return verdict, it
+    return None, 0
 
 
 def first_verdict(*verdicts: Optional[Verdict]) -> Optional[Verdict]:

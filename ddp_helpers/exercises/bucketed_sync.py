@@ -20,9 +20,9 @@ from torch import nn
 
 from ._compare import close
 from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
-from ._sync_checks import (changed_params, data_verdict, first_verdict, flight_verdict, hook_mistake, params_of,
-                           read_verdict, registration_verdict, snapshot)
-from ._watch import late_bound, sentinel_read, unwaited, watch_all_reduce, watch_hooks
+from ._sync_checks import (changed_params, hook_mistake, params_of, registration_verdict, snapshot,
+                           timing_verdict)
+from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_hooks
 
 # Linear layers (in, out): 10 tensors from 3 to 144 numbers. With a cap of 140 numbers (560 bytes), the reverse of
 # model.parameters() makes 3 or more buckets of several tensors whatever the closing rule, and a partial last one.
@@ -101,7 +101,8 @@ class _Recorder:
         self.arrived: Dict[int, torch.Tensor] = {}
         self.calls: List[Dict[str, Any]] = []
         for i, p in enumerate(model.parameters()):
-            p.register_post_accumulate_grad_hook(lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+            p.register_post_accumulate_grad_hook(
+                lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
 
     def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
         """What an all_reduce's tensor is: where it was started, and the parameters it held (see _layout)."""
@@ -151,7 +152,8 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
         finish = call.pop("value", None)
         if call["status"] == "ok" and not callable(finish):
             call = {"status": "no_finish", "type": type(finish).__name__}
-        out["call"] = (hook_mistake(hooks) if call["status"] == "ok" else None) or call
+        # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
+        out["call"] = hook_mistake(hooks) or call
         if out["call"]["status"] == "ok":
             for it in range(ITERATIONS):
                 result = _iteration(model, local_model, rec, finish, rank, it, student_fn)
@@ -317,11 +319,9 @@ def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
                                 "and your code read it before that (or never). In finish(), call .wait() on every "
                                 "work the all_reduces returned before writing the result into p.grad.")
     its = rank0["iterations"]
-    verdict = first_verdict(flight_verdict(rank0["reduced"], "sent_before_full"),
-                            *(read_verdict(its[it]["sentinel"]) for it in range(ITERATIONS)),
-                            *(data_verdict(its[it]["changed"]) for it in range(ITERATIONS)))
+    verdict, it = timing_verdict(rank0["reduced"], its, [r["calls"] for r in its], "sent_before_full")
     if verdict is not None:
-        return verdict
+        return _stale_verdict(rank0) if it > 0 else verdict
     for it in range(ITERATIONS):
         calls = [rank0["calls"][k] for k in its[it]["calls"]]
         verdict = _value_verdict(_labels(outs, it, world_size), calls, rank0["n_params"], world_size)

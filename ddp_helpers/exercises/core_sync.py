@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -23,8 +23,8 @@ from ..lesson.handbuilt import agreement, build_net
 from ._compare import close
 from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
 from ._reference import rank_batch
-from ._sync_checks import (changed_params, data_verdict, first_verdict, flight_verdict, hook_mistake, params_of,
-                           read_verdict, registration_verdict, snapshot)
+from ._sync_checks import (changed_params, hook_mistake, params_of, registration_verdict, snapshot,
+                           timing_verdict)
 from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_hooks
 from .average_gradients import _classifier
 
@@ -52,6 +52,11 @@ NUDGES = {
     "after_backward": "your gradients are right, but nothing travelled while backward was running.",
     "wrong_value": "the gradients are not the mean over the ranks.",
 }
+
+
+STALE = fail("stale_state", "after the first backward every p.grad held the mean, after the second it did not: "
+                            "finish() went over what the first backward left (its works, or its gradients) again. "
+                            "Empty what your object collects in finish(), so that each backward starts afresh.")
 
 
 def _grads(model: torch.nn.Module) -> List[Optional[np.ndarray]]:
@@ -116,7 +121,8 @@ def _in_rank(rank: int, world_size: int, student_cls: Any) -> Dict[str, Any]:
         sync = call.pop("value", None)
         if call["status"] == "ok" and not callable(getattr(sync, "finish", None)):
             call = {"status": "no_finish", "type": type(sync).__name__}
-        out["call"] = (hook_mistake(hooks) if call["status"] == "ok" else None) or call
+        # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
+        out["call"] = hook_mistake(hooks) or call
         for it in range(ITERATIONS if out["call"]["status"] == "ok" else 0):
             first = len(reduced)
             result = _iteration(model, local, sync, phase, rank, it, student_cls)
@@ -221,8 +227,8 @@ def _early_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
         return fail("reduced_params", "you all-reduced the parameters (p or p.data), not their gradients: "
                                       "all_reduce p.grad.")
     its = rank0["iterations"]
-    return first_verdict(flight_verdict(rank0["reduced"], "changed_in_flight"),
-                         *(read_verdict(it["sentinel"]) for it in its), *(data_verdict(it["changed"]) for it in its))
+    verdict, it = timing_verdict(rank0["reduced"], its, [r["reduced"] for r in its], "changed_in_flight")
+    return STALE if verdict is not None and it > 0 else verdict
 
 
 def _diagnose(outs: List[Dict[str, Any]], world_size: int, step: int, notes: Dict[str, str]) -> Optional[Verdict]:
@@ -235,10 +241,7 @@ def _diagnose(outs: List[Dict[str, Any]], world_size: int, step: int, notes: Dic
         reduced = [rank0["reduced"][k] for k in rank0["iterations"][it]["reduced"]]
         verdict = _value_verdict(_labels(outs, it, world_size), reduced, world_size)
         if verdict is not None and it > 0:
-            return fail("stale_state", "after the first backward every p.grad held the mean, after the second it "
-                                       "did not: finish() went over what the first backward left (its works, or "
-                                       "its gradients) again. Empty what your object collects in finish(), so "
-                                       "that each backward starts afresh.")
+            return STALE
         if verdict is not None:
             return registration_verdict(rank0["hooks"]) or verdict
     verdict = _structure_verdict(rank0, step)

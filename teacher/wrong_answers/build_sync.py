@@ -87,6 +87,13 @@ def _buckets(model, cap_bytes, *, order="reverse", flush=True, divide=True, wait
         else:
             p.register_post_accumulate_grad_hook(hook)
 
+    return _finish(buckets, flats, slot, missing, works, send, send_in_finish=send_in_finish, wait=wait,
+                   write_back=write_back, reset=reset, **mistake)
+
+
+def _finish(buckets, flats, slot, missing, works, send, *, send_in_finish, wait, write_back, reset, **mistake):
+    """_buckets' finish(), with the same mistakes asked for."""
+
     def finish():
         if send_in_finish:
             for i in range(len(buckets)):
