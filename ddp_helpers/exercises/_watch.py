@@ -42,7 +42,8 @@ class _WatchedWork:
         try:
             return self._work.wait(*args, **kwargs)
         except Exception as e:  # a peer that never joined: raised by C++, so no torch.distributed frame says so
-            setattr(e, IN_WAIT, True)
+            with contextlib.suppress(AttributeError):  # an exception type without a __dict__ stays unmarked
+                setattr(e, IN_WAIT, True)
             raise
 
     def get_future(self) -> Any:
