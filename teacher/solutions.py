@@ -1,7 +1,7 @@
 """Correct answers to notebooks/exercises/exercises.ipynb, one function per exercise (same names and signatures).
 
 Below them, other correct answers (ALTERNATIVES), written the other ways learners write them; then the same
-(PRACTICE_SOLUTIONS, PRACTICE_ALTERNATIVES) for the checked exercises of lesson notebooks 3b, 11 and 12.
+(PRACTICE_SOLUTIONS, PRACTICE_ALTERNATIVES) for the checked exercises of lesson notebooks 0, 3b, 11 and 12.
 Check them all with:  python -m teacher.solutions
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_helpers import fingerprint
+from ddp_helpers.lesson import core_sync
 
 
 def init_group(rank: int, world_size: int, port: int) -> None:
@@ -284,6 +285,10 @@ PRACTICE_SOLUTIONS = {
     "load_checkpoint": load_checkpoint,
     "replicas_agree": replicas_agree,
     "bucketed_sync": bucketed_sync,
+    # notebook 0's two blanks: the worked classes the notebook shows behind "Stuck?" (and runs until the
+    # learner's own pass)
+    "after_backward": core_sync.AfterBackward,
+    "as_gradients_arrive": core_sync.AsGradientsArrive,
 }
 
 
@@ -426,11 +431,108 @@ def bucketed_sync_futures(model: torch.nn.Module, cap_bytes: int):
     return finish
 
 
+def bucketed_sync_model_order_layout(model: torch.nn.Module, cap_bytes: int):
+    """Notebook 3b with DDP's grouping (from the last layer back), each bucket's buffer laid out in model order."""
+    params = list(model.parameters())
+    groups, current, size = [], [], 0
+    for p in reversed(params):
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:
+            groups.append(current)
+            current, size = [], 0
+    groups += [current] if current else []
+    buckets = [sorted(g, key=lambda p: next(k for k, q in enumerate(params) if q is p)) for g in groups]
+    done = {"count": [0] * len(buckets), "works": []}
+    where = {p: i for i, b in enumerate(buckets) for p in b}
+
+    def hook(p):
+        i = where[p]
+        done["count"][i] += 1
+        if done["count"][i] == len(buckets[i]):  # every gradient of this bucket is in
+            flat = torch.cat([q.grad.reshape(-1) for q in buckets[i]]).div_(dist.get_world_size())
+            done["works"].append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for i, flat, work in done["works"]:
+            work.wait()
+            for q, part in zip(buckets[i], flat.split([q.numel() for q in buckets[i]])):
+                q.grad.copy_(part.view_as(q))
+        done["count"], done["works"] = [0] * len(buckets), []
+
+    return finish
+
+
+class AfterBackwardAsync:
+    """Notebook 0, step 1 with every all-reduce started at once (async_op=True), then waited for, then divided."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def finish(self):
+        works = [dist.all_reduce(p.grad, async_op=True) for p in self.model.parameters()]
+        for work in works:
+            work.wait()
+        for p in self.model.parameters():
+            p.grad.div_(dist.get_world_size())
+
+
+class AfterBackwardFlat:
+    """Notebook 0, step 1 with one flat tensor of every gradient, ReduceOp.AVG, and the means copied back."""
+
+    def __init__(self, model):
+        self.params = list(model.parameters())
+
+    def finish(self):
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+        for p, part in zip(self.params, flat.split([p.numel() for p in self.params])):
+            p.grad.copy_(part.view_as(p))
+
+
+class AsGradientsArriveDivideAfter:
+    """Notebook 0, step 2 keeping (parameter, work) pairs, dividing each gradient after its wait()."""
+
+    def __init__(self, model):
+        self.pending = []
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda q: self.pending.append(
+                (q, dist.all_reduce(q.grad, async_op=True))))
+
+    def finish(self):
+        for p, work in self.pending:
+            work.wait()
+            p.grad /= dist.get_world_size()
+        self.pending = []
+
+
+class AsGradientsArriveFutures:
+    """Notebook 0, step 2 with each all-reduce's future, the mean written by its callback; finish() waits all."""
+
+    def __init__(self, model):
+        self.futures = []
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, p):
+        p.grad.mul_(1 / dist.get_world_size())
+        self.futures.append(dist.all_reduce(p.grad, async_op=True).get_future())
+
+    def finish(self):
+        torch.futures.wait_all(self.futures)
+        self.futures.clear()
+
+
 PRACTICE_ALTERNATIVES = {
     "global_loss": [global_loss_float64, global_loss_gathered, global_loss_gathered_objects],
     "load_checkpoint": [load_checkpoint_mapping, load_checkpoint_function, load_checkpoint_broadcast],
     "replicas_agree": [replicas_agree_min_max, replicas_agree_compare_to_rank0],
-    "bucketed_sync": [bucketed_sync_views, bucketed_sync_futures],
+    "bucketed_sync": [bucketed_sync_views, bucketed_sync_futures, bucketed_sync_model_order_layout],
+    "after_backward": [AfterBackwardAsync, AfterBackwardFlat],
+    "as_gradients_arrive": [AsGradientsArriveDivideAfter, AsGradientsArriveFutures],
 }
 
 if __name__ == "__main__":

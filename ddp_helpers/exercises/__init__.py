@@ -8,6 +8,7 @@ exercise holds its check; ``_harness`` holds what they share (running the ranks,
 ``_watch`` the recorders of what the learner's code did inside a rank, ``_compare`` the comparisons.
 
 EXERCISES are the exercise notebook's (and the nbgrader assignment's); PRACTICE_EXERCISES the checked exercises
+of lesson notebook 0 (``after_backward``, ``as_gradients_arrive``: classes) and
 at the end of lesson notebooks 3b (``bucketed_sync``), 11 (``global_loss``, ``load_checkpoint``) and 12
 (``replicas_agree``).
 """
@@ -19,6 +20,7 @@ from ._harness import NOT_DONE, CheckResult, reset_hints, summarize
 from .accumulation import check_accumulation_step
 from .average_gradients import check_average_gradients
 from .bucketed_sync import check_bucketed_sync
+from .core_sync import check_after_backward, check_as_gradients_arrive
 from .global_loss import check_global_loss
 from .global_mean import check_global_mean
 from .init_group import check_init_group
@@ -45,10 +47,13 @@ PRACTICE_EXERCISES: Dict[str, Callable[..., CheckResult]] = {
     "load_checkpoint": check_load_checkpoint,  # notebook 11
     "replicas_agree": check_replicas_agree,  # notebook 12
     "bucketed_sync": check_bucketed_sync,  # notebook 3b
+    "after_backward": check_after_backward,  # notebook 0, step 1 (the learner writes a class)
+    "as_gradients_arrive": check_as_gradients_arrive,  # notebook 0, step 2
 }
 
 __all__ = [
-    "EXERCISES", "NOT_DONE", "PRACTICE_EXERCISES", "CheckResult", "check_accumulation_step",
+    "EXERCISES", "NOT_DONE", "PRACTICE_EXERCISES", "CheckResult", "check_accumulation_step", "check_after_backward",
+    "check_as_gradients_arrive",
     "check_average_gradients", "check_bucketed_sync", "check_global_loss", "check_global_mean", "check_init_group",
     "check_load_checkpoint", "check_make_loader", "check_replicas_agree", "check_save_checkpoint",
     "check_shard_indices", "reset_hints", "summarize",

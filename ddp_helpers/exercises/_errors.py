@@ -27,6 +27,29 @@ _PASS_THROUGH_DIRS = (os.sep + "exercises" + os.sep,)
 _PASS_THROUGH_FILES = ("c10d_logger.py", "functools.py")
 
 
+def code_of(fn: Any) -> Any:
+    """The code object of the learner's function, or of the first method of the learner's class (None if none)."""
+    code = getattr(fn, "__code__", None)
+    if code is None and isinstance(fn, type):
+        code = next((v.__code__ for v in vars(fn).values() if hasattr(v, "__code__")), None)
+    return code
+
+
+# Set on an error that came out of the wait() of a watched asynchronous collective (_watch): the C++ Work.wait()
+# has no Python frame in torch.distributed, so where it was raised does not say it; the mark does.
+IN_WAIT = "_ddp_helpers_raised_in_wait"
+
+
+def raised_waiting(e: BaseException) -> bool:
+    """True for an error out of an asynchronous collective's wait(): a Work the checks watch, or a Future."""
+    if getattr(e, IN_WAIT, False):
+        return True
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and (os.sep + os.path.join("torch", "futures") + os.sep) in tb.tb_frame.f_code.co_filename
+
+
 def where(exc: BaseException, fn: Callable) -> Optional[Tuple[str, int]]:
     """(file, line number) of the deepest frame of the learner's function in exc's traceback, else None."""
     found = _learner_frames(exc, fn)
@@ -34,7 +57,7 @@ def where(exc: BaseException, fn: Callable) -> Optional[Tuple[str, int]]:
 
 
 def _learner_frames(exc: BaseException, fn: Callable) -> List[Tuple[Any, int]]:
-    code = getattr(fn, "__code__", None)
+    code = code_of(fn)
     if code is None:
         return []
     return [(f, n) for f, n in traceback.walk_tb(exc.__traceback__) if f.f_code.co_filename == code.co_filename]
@@ -86,7 +109,8 @@ def error_report(e: BaseException, fn: Callable) -> Dict[str, Any]:
     text = str(e).strip()
     refused = refused_call(e, fn)
     return {"status": "error", "type": type(e).__name__, "message": text.splitlines()[0][:300] if text else "",
-            "where": where(e, fn), "refused": refused, "comm": refused is None and raised_in_collective(e)}
+            "where": where(e, fn), "refused": refused,
+            "comm": refused is None and (raised_in_collective(e) or raised_waiting(e))}
 
 
 def _fix(refused: Dict[str, Any], message: str) -> str:

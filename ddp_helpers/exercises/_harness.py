@@ -20,7 +20,7 @@ import torch
 from ..engine.config import ConfigError
 from ..ranks.launcher import LaunchError, RankFailedError, launch
 from ._display import VerdictView, show
-from ._errors import error_report, refused_text
+from ._errors import code_of, error_report, refused_text
 
 # The learner's functions live in notebook cells: the launcher sends them to the ranks by value (cloudpickle),
 # so the checks use its default start method (a forkserver with torch preloaded, or spawn). Every check
@@ -231,7 +231,7 @@ def _locate_errors(out: Any, source_file: Optional[str]) -> Any:
 
 
 def _source_file(args: tuple) -> Optional[str]:
-    return next((a.__code__.co_filename for a in args if hasattr(a, "__code__")), None)
+    return next((code_of(a).co_filename for a in args if code_of(a) is not None), None)
 
 
 def call_student(fn: Callable, *args: Any) -> Dict[str, Any]:
@@ -263,7 +263,10 @@ def call_cases(fn: Callable, cases: Dict[str, tuple], report: Callable[[Any], Di
 
 def swap_globals(fn: Callable, original: Any, replacement: Any) -> None:
     """Inside a rank only: names in fn's globals bound to `original` now point at `replacement`."""
+    # A class's methods share the globals of the cell or module that defined the class.
     g = getattr(fn, "__globals__", None)
+    if g is None and isinstance(fn, type):
+        g = next((v.__globals__ for v in vars(fn).values() if hasattr(v, "__globals__")), None)
     if not isinstance(g, dict):
         return
     for k, v in list(g.items()):

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from ._errors import IN_WAIT
 from ._harness import swap_globals
 
 Classify = Callable[[torch.Tensor], Tuple[str, Optional[int]]]
@@ -38,7 +39,12 @@ class _WatchedWork:
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         self._record["waited"] = True
-        return self._work.wait(*args, **kwargs)
+        try:
+            return self._work.wait(*args, **kwargs)
+        except Exception as e:  # a peer that never joined: raised by C++, so no torch.distributed frame says so
+            with contextlib.suppress(AttributeError):  # an exception type without a __dict__ stays unmarked
+                setattr(e, IN_WAIT, True)
+            raise
 
     def get_future(self) -> Any:
         self._record["waited"] = True  # the learner waits on the future (wait(), then(), wait_all)
@@ -48,22 +54,94 @@ class _WatchedWork:
         return getattr(self._work, name)
 
 
+# What the tensor of an asynchronous all_reduce holds, in a deferred watch, until wait(): never a gradient.
+SENTINEL = 2.0 ** 100
+_HUGE = 2.0 ** 80  # above it, a value came from SENTINEL (divided or multiplied by a few ranks, not by 2**20)
+
+
+class _DeferredWork(_WatchedWork):
+    """An async all_reduce whose result reaches the learner's tensor at wait(), the latest moment torch allows.
+
+    The real all_reduce runs on a copy; the learner's tensor holds SENTINEL until wait() (or the future's
+    callbacks) puts the result in. So code that reads the tensor before wait() reads SENTINEL, and code that
+    writes it while it travels (a gradient copied in after the send, a division before wait()) is seen, every
+    run, instead of once in a while on a slow network.
+    """
+
+    def __init__(self, work: Any, record: Dict[str, Any], tensor: torch.Tensor, sent: torch.Tensor):
+        super().__init__(work, record)
+        self._tensor, self._sent, self._landed = tensor, sent, False
+        record["in_flight"] = None  # "scaled": the whole tensor changed (divided) while it travelled; "filled"
+
+    def _land(self) -> None:
+        if self._landed:
+            return
+        self._landed = True
+        now = self._tensor.detach()
+        changed = now != SENTINEL
+        if bool(changed.any()):
+            family = bool((now[changed].abs() > _HUGE).all())  # SENTINEL scaled, not real values written in
+            self._record["in_flight"] = "scaled" if family else "filled"
+        with torch.no_grad():
+            self._tensor.copy_(self._sent)
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().wait(*args, **kwargs)
+        self._land()
+        return out
+
+    def get_future(self) -> Any:
+        self._record["waited"] = True
+        tensor = self._tensor
+
+        def land(fut: Any) -> List[torch.Tensor]:
+            fut.value()  # raises the collective's error, if any
+            self._land()
+            return [tensor]
+
+        return self._work.get_future().then(land)
+
+    def is_completed(self) -> bool:
+        done = bool(self._work.is_completed())
+        if done:
+            self._land()
+        return done
+
+
+def _start(real: Callable, bound: inspect.BoundArguments, record: Dict[str, Any], deferred: bool) -> Any:
+    """The real all_reduce; deferred and asynchronous: on a copy, the learner's tensor SENTINEL until wait()."""
+    tensor = bound.arguments.get("tensor")
+    if not (deferred and record["async"] and isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
+        work = real(*bound.args, **bound.kwargs)
+        return _WatchedWork(work, record) if record["async"] and work is not None else work
+    sent = tensor.detach().clone()
+    bound.arguments["tensor"] = sent
+    work = real(*bound.args, **bound.kwargs)
+    with torch.no_grad():
+        tensor.fill_(SENTINEL)
+    return _DeferredWork(work, record, tensor, sent)
+
+
 @contextlib.contextmanager
-def watch_all_reduce(student_fn: Callable, classify: Classify) -> Iterator[List[Dict[str, Any]]]:
-    """While inside: every dist.all_reduce is recorded (what classify calls its tensor, op, async, waited)."""
+def watch_all_reduce(student_fn: Callable, classify: Classify,
+                     deferred: bool = False) -> Iterator[List[Dict[str, Any]]]:
+    """While inside: every dist.all_reduce is recorded (what classify calls its tensor, op, async, waited).
+
+    deferred: an async all_reduce's result lands in its tensor only at wait() (see _DeferredWork).
+    """
     real = dist.all_reduce
     signature = inspect.signature(real)
     records: List[Dict[str, Any]] = []
 
     def watched(*args: Any, **kwargs: Any) -> Any:
-        a = signature.bind(*args, **kwargs).arguments
+        bound = signature.bind(*args, **kwargs)
+        a = bound.arguments
         # anything but a tensor: all_reduce's own check refuses it below, and that error is the learner's to see
         kind, index = classify(a["tensor"]) if isinstance(a.get("tensor"), torch.Tensor) else ("not_a_tensor", None)
         record = {"tensor": kind, "index": index, "op": _op_name(a.get("op", dist.ReduceOp.SUM)),
                   "async": bool(a.get("async_op", False)), "waited": False}
         records.append(record)
-        work = real(*args, **kwargs)
-        return _WatchedWork(work, record) if record["async"] and work is not None else work
+        return _start(real, bound, record, deferred)
 
     dist.all_reduce = watched
     swap_globals(student_fn, real, watched)  # `from torch.distributed import all_reduce` too
@@ -71,6 +149,67 @@ def watch_all_reduce(student_fn: Callable, classify: Classify) -> Iterator[List[
         yield records
     finally:
         dist.all_reduce = real
+
+
+def sentinel_read(t: Optional[torch.Tensor]) -> bool:
+    """True when t holds a value read from a deferred all_reduce's tensor before its wait()."""
+    return t is not None and t.is_floating_point() and bool((t.detach().abs() > _HUGE).any())
+
+
+# --------------------------------------------------------------------------------------- hook registrations
+@contextlib.contextmanager
+def watch_hooks(params: List[torch.Tensor]) -> Iterator[List[Dict[str, Any]]]:
+    """While inside: every hook registered on a tensor (register_post_accumulate_grad_hook or register_hook):
+    on which parameter ("on": its index, "data" for a tensor sharing a parameter's storage, else "other"),
+    its kind ("post" or "tensor"), and the parameter its closure holds once the block ends ("closes_over")."""
+    records: List[Dict[str, Any]] = []
+    real = {"post": torch.Tensor.register_post_accumulate_grad_hook, "tensor": torch.Tensor.register_hook}
+
+    def which(t: Any) -> Any:
+        for i, p in enumerate(params):
+            if t is p:
+                return i
+        if isinstance(t, torch.Tensor) and any(storage_of(t) == storage_of(p) for p in params):
+            return "data"
+        return "other"
+
+    def wrap(kind: str) -> Callable:
+        def register(self: torch.Tensor, hook: Callable) -> Any:
+            records.append({"kind": kind, "on": which(self), "hook": hook})
+            return real[kind](self, hook)
+        return register
+
+    torch.Tensor.register_post_accumulate_grad_hook = wrap("post")  # type: ignore[method-assign]
+    torch.Tensor.register_hook = wrap("tensor")  # type: ignore[method-assign]
+    try:
+        yield records
+    finally:
+        torch.Tensor.register_post_accumulate_grad_hook = real["post"]  # type: ignore[method-assign]
+        torch.Tensor.register_hook = real["tensor"]  # type: ignore[method-assign]
+        for r in records:  # read once the learner's loop has ended: a late-bound closure holds its last value
+            r["closes_over"] = _closed_param(r.pop("hook"), params)
+
+
+def _closed_param(hook: Any, params: List[torch.Tensor]) -> Optional[int]:
+    """The index of the parameter a hook's closure holds (a lambda made in a loop: `lambda _: f(p)`), or None."""
+    for cell in getattr(hook, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        for i, p in enumerate(params):
+            if value is p:
+                return i
+    return None
+
+
+def late_bound(hooks: List[Dict[str, Any]]) -> Optional[int]:
+    """The parameter every hook's closure holds when the hooks sit on different parameters, all closing over
+    the same one (the loop variable's last value): the late-binding closure. None otherwise."""
+    held = {h["closes_over"] for h in hooks}
+    if len(hooks) >= 2 and len(held) == 1 and None not in held and len({h["on"] for h in hooks}) > 1:
+        return held.pop()
+    return None
 
 
 def unwaited(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

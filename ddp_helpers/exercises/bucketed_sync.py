@@ -20,7 +20,9 @@ from torch import nn
 
 from ._compare import close
 from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
-from ._watch import unwaited, watch_all_reduce
+from ._sync_checks import (changed_params, hook_mistake, params_of, registration_verdict, snapshot,
+                           timing_verdict)
+from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_hooks
 
 # Linear layers (in, out): 10 tensors from 3 to 144 numbers. With a cap of 140 numbers (560 bytes), the reverse of
 # model.parameters() makes 3 or more buckets of several tensors whatever the closing rule, and a partial last one.
@@ -43,7 +45,17 @@ NUDGES = {
     "wrong_value": "the gradients are not the mean over the ranks.",
     "one_bucket": "all the gradients travelled in one all_reduce.",
     "per_parameter": "every gradient travelled on its own.",
-    "forward_order": "the gradients are right, but look at the order of the parameters in your buckets.",
+    "forward_order": "the gradients are right, but look at which parameters share a bucket.",
+    "divided_twice": "the ranks agree, but their gradients are too small: count the divisions.",
+    "read_before_wait": "an asynchronous all_reduce returns at once: when may its buffer be read?",
+    "changed_in_flight": "an asynchronous all_reduce returns at once: when may its buffer be changed?",
+    "sent_before_full": "the gradients are not the mean: was every bucket complete when you sent it?",
+    "late_binding": "your hooks were registered in a loop: which parameter does each of them use?",
+    "hook_on_data": "look at the tensor you registered your hook on.",
+    "tensor_hook": "look at which hook you registered, and what it is called with.",
+    "wrote_p_data": "after finish() the weights themselves had changed: where should the averages go?",
+    "stale_buffer": "the first backward's gradients were right, the second's were not: what is in your flat "
+                    "buffer when the second backward starts?",
     "after_backward": "the gradients are right, but nothing travelled while backward was running.",
 }
 
@@ -89,7 +101,8 @@ class _Recorder:
         self.arrived: Dict[int, torch.Tensor] = {}
         self.calls: List[Dict[str, Any]] = []
         for i, p in enumerate(model.parameters()):
-            p.register_post_accumulate_grad_hook(lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+            p.register_post_accumulate_grad_hook(
+                lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
 
     def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
         """What an all_reduce's tensor is: where it was started, and the parameters it held (see _layout)."""
@@ -111,6 +124,8 @@ def _iteration(model: nn.Module, local_model: nn.Module, rec: _Recorder, finish:
     model.zero_grad(set_to_none=True)
     rec.arrived.clear()
     first_call = len(rec.calls)
+    params = params_of(model)
+    before = snapshot(params)
     rec.phase = "backward"
     try:
         F.cross_entropy(model(x), y).backward()  # the learner's hooks run in here
@@ -120,8 +135,9 @@ def _iteration(model: nn.Module, local_model: nn.Module, rec: _Recorder, finish:
     call = call_student(finish)
     call.pop("value", None)
     rec.phase = "after"
-    return {"call": call, "local": _grads(local_model), "after": _grads(model), "calls": list(range(first_call,
-                                                                                                   len(rec.calls)))}
+    return {"call": call, "local": _grads(local_model), "after": _grads(model),
+            "calls": list(range(first_call, len(rec.calls))), "changed": changed_params(before, params),
+            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)]}
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
@@ -130,26 +146,30 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
     local_model = copy.deepcopy(model)
     rec = _Recorder(model, world_size)
     out: Dict[str, Any] = {"iterations": []}
-    with watch_all_reduce(student_fn, rec.classify) as reduced:
-        call = call_student(student_fn, model, CAP_BYTES)
+    with watch_all_reduce(student_fn, rec.classify, deferred=True) as reduced:
+        with watch_hooks(params_of(model)) as hooks:
+            call = call_student(student_fn, model, CAP_BYTES)
         finish = call.pop("value", None)
         if call["status"] == "ok" and not callable(finish):
             call = {"status": "no_finish", "type": type(finish).__name__}
-        out["call"] = call
-        if call["status"] == "ok":
+        # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
+        out["call"] = hook_mistake(hooks) or call
+        if out["call"]["status"] == "ok":
             for it in range(ITERATIONS):
                 result = _iteration(model, local_model, rec, finish, rank, it, student_fn)
                 out["iterations"].append(result)
                 if result["call"]["status"] != "ok":
                     out["call"] = result["call"]
                     break
-    out.update(calls=rec.calls, reduced=reduced, n_params=len(list(model.parameters())))
+    out.update(calls=rec.calls, reduced=reduced, n_params=len(params_of(model)), hooks=hooks,
+               sizes=[p.numel() * p.element_size() for p in params_of(model)])
     return out
 
 
 # ------------------------------------------------------------------------------------------------ the parent
 def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[str]]:
-    """For each rank and parameter after iteration it: "mean", "sum", "local", "none" or "other"."""
+    """For each rank and parameter after iteration it: "mean", "sum", "half" (the mean divided again by the world
+    size), "local", "none" or "other"."""
     local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
     mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
 
@@ -157,7 +177,8 @@ def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[s
         g = outs[r]["iterations"][it]["after"][i]
         if g is None:
             return "none"
-        for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("local", local[r][i])):
+        for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("half", mean[i] / world_size),
+                           ("local", local[r][i])):
             if close(g, want):
                 return name
         return "other"
@@ -177,6 +198,10 @@ def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_param
         return fail("no_divide", f"every rank holds {world_size}x the mean gradient, the sum over the ranks: "
                                  "all_reduce adds; divide each gradient by dist.get_world_size() (before or after "
                                  "the all_reduce).")
+    if kinds == {"half"}:
+        return fail("divided_twice", f"every rank holds the mean divided by {world_size} once more: you divided "
+                                     "by the world size twice (before the all_reduce and after it, or "
+                                     "ReduceOp.AVG and a division). Divide once.")
     if kinds == {"local"}:
         return fail("not_written_back", f"your code started {len(calls)} all_reduce(s) per backward, yet after "
                                         "finish() every p.grad still held this rank's own gradient: the averaged "
@@ -194,8 +219,41 @@ def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_param
                                "them back into p.grad.")
 
 
-def _structure_verdict(calls: List[Dict[str, Any]], n_params: int) -> Optional[Verdict]:
-    """The verdict from how the right gradients travelled: buckets, their order, during backward or after."""
+def _filled_from(groups: List[List[int]], sizes: List[int], cap: int, order: List[int]) -> bool:
+    """True when every bucket but the one holding order's last index was closed by the cap, walking `order`:
+    it holds cap bytes, or the next parameter in order would have taken it past the cap."""
+    position = {i: k for k, i in enumerate(order)}
+    for group in groups:
+        last = max(group, key=position.get)
+        if position[last] == len(order) - 1:
+            continue
+        held = sum(sizes[i] for i in group)
+        if held < cap and held + sizes[order[position[last] + 1]] <= cap:
+            return False
+    return True
+
+
+def _grouping_verdict(layouts: List[List[int]], sizes: List[int]) -> Optional[Verdict]:
+    """The verdict from which parameters share a bucket (not their layout inside it): DDP fills the buckets from
+    the last parameter back; buckets filled from the first one fail."""
+    n = len(sizes)
+    if sorted(i for lay in layouts for i in lay) != list(range(n)):
+        return None  # not every gradient was read from the buffers: the values tell the mistake instead
+    backward, forward = list(range(n))[::-1], list(range(n))
+    if _filled_from(layouts, sizes, CAP_BYTES, backward):
+        return None
+    if _filled_from(layouts, sizes, CAP_BYTES, forward):
+        first = next(sorted(g) for g in layouts if 0 in g)
+        return fail("forward_order", f"buckets filled from the first layer (parameters {first} of "
+                                     "model.parameters() made the first full bucket): DDP fills them from the "
+                                     "last layer back, in the order gradients become ready, so the first bucket is "
+                                     "full early and its all_reduce overlaps the rest of backward. Walk the "
+                                     "reverse of model.parameters().")
+    return None
+
+
+def _structure_verdict(calls: List[Dict[str, Any]], n_params: int, sizes: List[int]) -> Optional[Verdict]:
+    """The verdict from how the right gradients travelled: buckets, their grouping, during backward or after."""
     layouts = [c["layout"] for c in calls if c["layout"] is not None]
     if len(calls) == 1:
         return fail("one_bucket", f"one all_reduce carried all {n_params} gradients, so nothing could travel while "
@@ -204,12 +262,9 @@ def _structure_verdict(calls: List[Dict[str, Any]], n_params: int) -> Optional[V
     if len(calls) == n_params and all(len(lay) == 1 for lay in layouts):
         return fail("per_parameter", f"{n_params} all_reduces per backward, one per gradient: that is step 2, not "
                                      "buckets. Group the gradients into flat buckets of about cap_bytes.")
-    forward = [lay for lay in layouts if len(lay) > 1 and lay == sorted(lay)]
-    if forward:
-        return fail("forward_order", f"a bucket held parameters {forward[0]} of model.parameters(), in forward "
-                                     "order. Backward produces the last layer's gradients first: fill the buckets "
-                                     "from the reverse of model.parameters(), so the first bucket is full early and "
-                                     "its all_reduce overlaps the rest of backward.")
+    verdict = _grouping_verdict(layouts, sizes) if len(layouts) == len(calls) else None
+    if verdict is not None:
+        return verdict
     if all(c["phase"] == "finish" for c in calls):
         return fail("after_backward", "every all_reduce started in finish(), after backward had returned, so none "
                                       "of them overlapped the backward pass: start each bucket's all_reduce in the "
@@ -217,48 +272,76 @@ def _structure_verdict(calls: List[Dict[str, Any]], n_params: int) -> Optional[V
     return None
 
 
-def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
-    """The verdict for one run: None when both iterations left the mean in every p.grad, sent as buckets should be."""
+def _stale_verdict(rank0: Dict[str, Any]) -> Verdict:
+    """The second backward went wrong, the first did not: a buffer that kept values, or counters that did."""
+    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][it]["calls"]] for it in range(2)]
+    if moments[0] == moments[1]:
+        return fail("stale_buffer", "after the first backward every p.grad held the mean, after the second it did "
+                                    "not, though the buckets were sent at the same moments: the flat buffers "
+                                    "still held the first backward's values, and the second added to them (+=). "
+                                    "Copy each gradient into its slot (copy_), or zero the buffers, every "
+                                    "backward.")
+    return fail("stale_state", "after the first backward every p.grad held the mean, after the second it did "
+                               "not: your hooks still counted the first backward's gradients, so the buckets were "
+                               "sent at the wrong moments or not at all. Reset what they count (and the works) in "
+                               "finish(), so that each backward starts with empty buckets.")
+
+
+def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """The verdict from the learner's call itself: no finish, hooks registered the wrong way, errors."""
     if any(o["call"]["status"] == "no_finish" for o in outs):
         kind = next(o["call"]["type"] for o in outs if o["call"]["status"] == "no_finish")
         return fail("no_finish", f"bucketed_sync returned {kind}, not a function: return finish, the function that "
                                  "waits for the buckets and writes the averages into p.grad (the training loop "
                                  "calls it after loss.backward()).")
+    bad = [o for o in outs if o["call"]["status"] != "ok"]
+    verdict = registration_verdict(outs[0]["hooks"]) if bad else None
+    if verdict is not None and bad[0]["call"]["status"] not in ("not_done", "mistake"):
+        return verdict
     student_outcomes(outs)
+    return None
+
+
+def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
+    """The verdict for one run: None when both iterations left the mean in every p.grad, sent as buckets should be."""
+    verdict = _first_call_verdict(outs)
+    if verdict is not None:
+        return verdict
     rank0 = outs[0]
     if not rank0["reduced"]:
-        return fail("no_all_reduce", "no all_reduce was called: every rank kept its own gradients. Each bucket "
-                                     "needs one dist.all_reduce(..., async_op=True).")
+        return registration_verdict(rank0["hooks"]) or fail(
+            "no_all_reduce", "no all_reduce was called: every rank kept its own gradients. Each bucket needs one "
+                             "dist.all_reduce(..., async_op=True).")
     pending = unwaited(rank0["reduced"])
     if pending:
         return fail("unwaited", f"{len(pending)} of the {len(rank0['reduced'])} asynchronous all_reduces on rank 0 "
                                 "were never waited for: their result is in the buffer only once the work is done, "
                                 "and your code read it before that (or never). In finish(), call .wait() on every "
                                 "work the all_reduces returned before writing the result into p.grad.")
+    its = rank0["iterations"]
+    verdict, it = timing_verdict(rank0["reduced"], its, [r["calls"] for r in its], "sent_before_full")
+    if verdict is not None:
+        return _stale_verdict(rank0) if it > 0 else verdict
     for it in range(ITERATIONS):
-        calls = [rank0["calls"][k] for k in rank0["iterations"][it]["calls"]]
+        calls = [rank0["calls"][k] for k in its[it]["calls"]]
         verdict = _value_verdict(_labels(outs, it, world_size), calls, rank0["n_params"], world_size)
         if verdict is not None and it > 0 and verdict.mistake != "no_divide":
-            return fail("stale_state", "after the first backward every p.grad held the mean, after the second it did "
-                                       "not: your hooks still counted the first backward's gradients, so the "
-                                       "buckets were sent at the wrong moments or not at all. Reset what they count "
-                                       "(and the works) in finish(), so that each backward starts with empty "
-                                       "buckets.")
+            return _stale_verdict(rank0)
         if verdict is not None:
-            return verdict
+            return registration_verdict(rank0["hooks"]) or verdict
     if any(not r["async"] for r in rank0["reduced"]):
         return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent its "
                                 "bucket, so backward stops there: start it with async_op=True and wait in "
                                 "finish().")
-    return _structure_verdict([rank0["calls"][k] for k in rank0["iterations"][0]["calls"]], rank0["n_params"])
+    return _structure_verdict([rank0["calls"][k] for k in its[0]["calls"]], rank0["n_params"], rank0["sizes"])
 
 
 @exercise("bucketed_sync", NUDGES)
 def check_bucketed_sync(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Notebook 3b: bucketed_sync(model, cap_bytes) must average the gradients in buckets sent during backward."""
     sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size,
-                                   hardcoded=(("no_divide", "wrong_value"), "divide by dist.get_world_size(), not a "
-                                                                           "fixed number."))
+                                   hardcoded=(("no_divide", "divided_twice", "wrong_value"),
+                                              "divide by dist.get_world_size(), not a fixed number."))
     return (f"{ITERATIONS} backward passes left the mean gradient in every p.grad, carried in buckets filled from "
             "the last layer back and sent while backward was running, on "
             f"{' and on '.join(map(str, sizes))} ranks.")

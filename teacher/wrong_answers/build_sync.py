@@ -3,7 +3,9 @@
 Each is the teacher's solution with one mistake people make when they build DDP's buckets: a handle never
 waited for, no division, the last partial bucket never sent, buckets filled in forward order, the averaged
 bucket never written back into p.grad; then a few more (state kept from the last backward, one all_reduce per
-gradient, every bucket sent after backward).
+gradient, every bucket sent after backward); and the mistakes a trial of issue 50 found misjudged (divided
+twice, read before wait(), sent before full, a rank-0-only all_reduce, the late-binding closure, a stale +=
+buffer, writing to p.data, buckets grouped in forward order but laid out backward).
 """
 from __future__ import annotations
 
@@ -31,49 +33,83 @@ def _plan(params, cap_bytes, flush=True):
     return buckets
 
 
-def _buckets(model, cap_bytes, *, order="reverse", flush=True, divide=True, wait=True, write_back=True,
-             reset=True, send_in_finish=False):
-    """The solution's bucketed hooks, with the one thing the caller asks to get wrong; returns finish()."""
-    params = list(model.parameters())
-    buckets = _plan(params[::-1] if order == "reverse" else params, cap_bytes, flush)
-    flats = [torch.zeros(sum(p.numel() for p in b)) for b in buckets]
+def _slots(buckets):
+    """Each parameter's (bucket, offset in the bucket's flat buffer)."""
     slot = {}
     for i, b in enumerate(buckets):
         offset = 0
         for p in b:
             slot[p] = (i, offset)
             offset += p.numel()
+    return slot
+
+
+def _buckets(model, cap_bytes, *, order="reverse", flush=True, divide=True, wait=True, write_back=True,
+             reset=True, send_in_finish=False, **mistake):
+    """The solution's bucketed hooks, with the one thing the caller asks to get wrong; returns finish().
+
+    mistake: one of divide_again, copy_before_wait, send_early, accumulate, to_data, rank0_only, late_binding,
+    layout_reversed (True).
+    """
+    params = list(model.parameters())
+    buckets = _plan(params[::-1] if order == "reverse" else params, cap_bytes, flush)
+    if mistake.get("layout_reversed"):
+        buckets = [b[::-1] for b in buckets]  # the same grouping, each buffer in the other order
+    flats = [torch.zeros(sum(p.numel() for p in b)) for b in buckets]
+    slot = _slots(buckets)
     missing = [len(b) for b in buckets]
     works = {}
 
     def send(i):
-        works[i] = dist.all_reduce(flats[i], async_op=True)
+        if not mistake.get("rank0_only") or dist.get_rank() == 0:
+            works[i] = dist.all_reduce(flats[i], async_op=True)
 
     def hook(p):
         if p not in slot:  # a parameter no bucket holds (the unflushed ones): left as it is
             return
         i, offset = slot[p]
-        part = flats[i][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+        missing[i] -= 1
+        if mistake.get("send_early") and missing[i] == 0:
+            send(i)  # sent before this last gradient is copied in
+        part = flats[i][offset:offset + p.numel()]
+        if mistake.get("accumulate"):
+            part.add_(p.grad.reshape(-1))
+        else:
+            part.copy_(p.grad.reshape(-1))
         if divide:
             part.div_(dist.get_world_size())
-        missing[i] -= 1
-        if missing[i] == 0 and not send_in_finish:
+        if missing[i] == 0 and not send_in_finish and not mistake.get("send_early"):
             send(i)
 
     for p in params:
-        p.register_post_accumulate_grad_hook(hook)
+        if mistake.get("late_binding"):
+            p.register_post_accumulate_grad_hook(lambda _: hook(p))  # every lambda sees the loop's last p
+        else:
+            p.register_post_accumulate_grad_hook(hook)
+
+    return _finish(buckets, flats, slot, missing, works, send, send_in_finish=send_in_finish, wait=wait,
+                   write_back=write_back, reset=reset, **mistake)
+
+
+def _finish(buckets, flats, slot, missing, works, send, *, send_in_finish, wait, write_back, reset, **mistake):
+    """_buckets' finish(), with the same mistakes asked for."""
 
     def finish():
         if send_in_finish:
             for i in range(len(buckets)):
                 send(i)
         for i, work in works.items():
-            if wait:
+            if wait and not mistake.get("copy_before_wait"):
                 work.wait()
             if write_back:
                 for p in buckets[i]:
                     offset = slot[p][1]
-                    p.grad.copy_(flats[i][offset:offset + p.numel()].view_as(p))
+                    target = p.data if mistake.get("to_data") else p.grad
+                    target.copy_(flats[i][offset:offset + p.numel()].view_as(p))
+                    if mistake.get("divide_again"):
+                        p.grad.div_(dist.get_world_size())
+            if mistake.get("copy_before_wait"):
+                work.wait()  # too late: the buffer was read above
         if reset:
             works.clear()
             missing[:] = [len(b) for b in buckets]
@@ -96,8 +132,14 @@ def bucketed_not_flushed(model, cap_bytes):
     return _buckets(model, cap_bytes, flush=False)  # the partial bucket at the end is dropped
 
 
-@practice("bucketed_sync", "forward_order", "in forward order")
+@practice("bucketed_sync", "forward_order", "buckets filled from the first layer")
 def bucketed_forward_order(model, cap_bytes):
+    # grouped from the first layer, each buffer laid out backward: the grouping, not the layout, is wrong
+    return _buckets(model, cap_bytes, order="forward", layout_reversed=True)
+
+
+def bucketed_forward_order_forward_layout(model, cap_bytes):
+    """Forward grouping and forward layout (not registered: the same mistake as bucketed_forward_order)."""
     return _buckets(model, cap_bytes, order="forward")
 
 
@@ -138,3 +180,39 @@ def bucketed_sent_after_backward(model, cap_bytes):
 @practice("bucketed_sync", "no_finish", "not a function")
 def bucketed_returns_nothing(model, cap_bytes):
     _buckets(model, cap_bytes)  # the hooks are there, but the loop has nothing to call after backward
+
+
+@practice("bucketed_sync", "divided_twice", "divided by the world size twice")
+def bucketed_divided_twice(model, cap_bytes):
+    return _buckets(model, cap_bytes, divide_again=True)  # divided into the bucket, and again after the copy
+
+
+@practice("bucketed_sync", "read_before_wait", "before its wait()")
+def bucketed_copied_before_wait(model, cap_bytes):
+    return _buckets(model, cap_bytes, copy_before_wait=True)
+
+
+@practice("bucketed_sync", "sent_before_full", "sent before they were full")
+def bucketed_sent_before_full(model, cap_bytes):
+    return _buckets(model, cap_bytes, send_early=True)  # counted, sent, and only then the last gradient copied
+
+
+@practice("bucketed_sync", "collective_mismatch", "never joined")
+def bucketed_rank0_only(model, cap_bytes):
+    return _buckets(model, cap_bytes, rank0_only=True)  # rank 0 waits in wait() for a rank that never sends
+
+
+@practice("bucketed_sync", "late_binding", "late binding")
+def bucketed_late_binding(model, cap_bytes):
+    return _buckets(model, cap_bytes, late_binding=True)
+
+
+@practice("bucketed_sync", "stale_buffer", "still held the first backward's values")
+def bucketed_stale_buffer(model, cap_bytes):
+    return _buckets(model, cap_bytes, accumulate=True)  # += into buffers never zeroed
+
+
+@practice("bucketed_sync", "wrote_p_data", "wrote into p.data")
+def bucketed_writes_p_data(model, cap_bytes):
+    return _buckets(model, cap_bytes, to_data=True)  # the averages land in the weights, not the gradients
+

@@ -39,3 +39,20 @@ def test_layout_reads_the_gradients_a_buffer_holds_divided_or_not():
     assert _layout(torch.cat([g[0], g[2]]) / 2, g, 2) == [0, 2]
     assert _layout(torch.cat([g[1], torch.tensor([9.0])]), g, 2) is None
     assert _layout(torch.tensor([5.0]) * 3, g, 2) is None  # neither the gradient nor it / world size
+
+
+def test_a_bucketing_is_judged_by_its_grouping_not_by_the_layout_inside_a_buffer():
+    from ddp_helpers.exercises.bucketed_sync import _grouping_verdict
+
+    sizes = [p.numel() * p.element_size() for p in net().parameters()]
+    n = len(sizes)
+    backward = list(range(n))[::-1]
+    for close_at_cap in (True, False):
+        ddp = _plan([(i, sizes[i]) for i in backward], CAP_BYTES, close_at_cap)
+        assert _grouping_verdict(ddp, sizes) is None  # buffers laid out backward
+        assert _grouping_verdict([sorted(b) for b in ddp], sizes) is None  # laid out in model order
+        forward = _plan(list(enumerate(sizes)), CAP_BYTES, close_at_cap)
+        for layout in (forward, [b[::-1] for b in forward]):
+            verdict = _grouping_verdict(layout, sizes)
+            assert verdict is not None and verdict.mistake == "forward_order", layout
+            assert "buckets filled from the first layer" in verdict.hint
