@@ -21,17 +21,63 @@ SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backw
 
 
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
-                 param_bytes: Sequence[int], rate: float) -> float:
-    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end."""
-    free = 0.0
+                 param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None) -> float:
+    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end.
+    A single bucket is the one all-reduce of everything: it is labelled so, not numbered; with names (one
+    gradient per bucket) every send is labelled with its layer, slivers below the bar."""
+    free, spans = 0.0, []
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
         ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=SEND_COLORS[i % len(SEND_COLORS)])
-        if length > 0.025:  # a number on a sliver would run into its neighbours'
-            ax.text(start + length / 2, y, f"{i}", ha="center", va="center", fontsize=7, color="white")
+        label = f"all {len(b)} gradients" if len(buckets) == 1 else f"{i}"
+        if names is not None and len(buckets) > 1:
+            spans.append((names[b[0]], start, start + length))
+        elif length > 0.025:  # a number on a sliver would run into its neighbours'
+            ax.text(start + length / 2, y, label, ha="center", va="center", fontsize=8, color="white")
         free = start + length
+    if spans:
+        _label_spans(ax, y, _merge_spans(spans), below=True)
     return free
+
+
+def _merge_spans(items: Sequence[tuple]) -> list:
+    """(name, start, end) in time order, neighbours of one name (a layer's weight and bias) merged into one."""
+    spans: list = []
+    for name, a, b in items:
+        if spans and spans[-1][0] == name and abs(spans[-1][2] - a) < 1e-9:
+            spans[-1] = (name, spans[-1][1], b)
+        else:
+            spans.append((name, a, b))
+    return spans
+
+
+def _label_spans(ax: Any, y: float, spans: Sequence[tuple], below: bool = False) -> None:
+    """Label every name of a bar once: inside its span where that is wide enough, else beside it with a leader
+    line, staggered so that neighbouring labels don't collide (a sliver of a name labelled already is left)."""
+    wide = {name for name, a, b in spans if b - a > 0.09}
+    outside, shown = 0, set()
+    for name, a, b in spans:
+        if b - a > 0.09:
+            ax.text((a + b) / 2, y, name, ha="center", va="center", fontsize=7, color="white")
+            continue
+        if name in wide or name in shown:
+            continue
+        shown.add(name)
+        outside += 1
+        sign, lift = (-1, "top") if below else (1, "bottom")
+        ax.annotate(name, xy=((a + b) / 2, y + 0.3 * sign), fontsize=7, ha="left", va=lift,
+                    xytext=((a + b) / 2 + 0.02, y + sign * (0.55 + 0.25 * (outside % 2))),
+                    arrowprops=dict(arrowstyle="-", lw=0.5))
+
+
+def _name_spans(ax: Any, y: float, names: Sequence[str], sizes: Sequence[float]) -> None:
+    """Label every layer on backward's bar (which computes the gradients last parameter first)."""
+    items, x = [], 0.0
+    for p in reversed(range(len(names))):
+        items.append((names[p], x, x + sizes[p]))
+        x += sizes[p]
+    _label_spans(ax, y, _merge_spans(items))
 
 
 def draw_hook_overlap(param_bytes: Sequence[int], names: Optional[Sequence[str]] = None,
@@ -71,23 +117,24 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         start = 0.0
         for p in reversed(range(len(param_bytes))):
             ax.broken_barh([(start, sizes[p])], (y_bwd - 0.3, 0.6), facecolor="#7f7f7f", edgecolor="white")
-            if names is not None and sizes[p] > 0.1:
-                ax.text(start + sizes[p] / 2, y_bwd, names[p], ha="center", va="center", fontsize=6, color="white")
             start += sizes[p]
+        if names is not None:
+            _name_spans(ax, y_bwd, names, sizes)
         ready = [max(done[p] for p in b) for b in groups]
-        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute)
+        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
+                                   names if per_gradient else None)
         ax.axvline(ends[label], ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
                    ls="--", lw=0.8)
         ax.text(ends[label], y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
     ax.set_yticks([3.2, 2.5, 1.0, 0.3], ["backward", "all-reduce", "backward", "all-reduces"], fontsize=8)
-    ax.set_ylim(-0.6, 4.0)
+    ax.set_ylim(-0.9 if per_gradient else -0.6, 4.4)
     ax.set_xlabel("time (schematic: in proportion to the bytes of each gradient)", fontsize=8)
     ax.set_xticks([])
     bottom = (f"{len(buckets)} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
               else f"{len(buckets)} buckets, each sent when its last gradient is ready")
     ax.set_title(f"top: one all-reduce after backward; bottom: {bottom}", fontsize=9)
     handles = [Patch(color="#7f7f7f", label="backward computes one parameter's gradient (last layer first)"),
-               Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (number: the order sent)" if per_gradient
+               Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (label: its layer)" if per_gradient
                      else "a bucket's all-reduce (number: the bucket)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     first = [names[p] for p in buckets[0]] if names is not None else None
@@ -269,3 +316,86 @@ def draw_holdings(per_rank: Mapping[str, Sequence[Mapping[str, int]]], total: Ma
     return Diagram(fig, alt)
 
 
+
+
+# ------------------------------------------------------------------------------- DDP's backward, in sequence
+SEQ_LANES = ("your loop", "autograd engine", "DDP's Reducer (C++)", "gloo")
+
+
+def _seq_note(ax: Any, lane: int, row: float, text: str, color: str = "#f0f0f0") -> None:
+    ax.text(lane, -row, text, ha="center", va="center", fontsize=7, wrap=True,
+            bbox=dict(boxstyle="round,pad=0.25", facecolor=color, edgecolor="#888888", lw=0.5))
+
+
+def _seq_arrow(ax: Any, a: int, b: int, row: float, color: str = "black") -> None:
+    ax.annotate("", xy=(b + (0.04 if b < a else -0.04), -row), xytext=(a + (0.04 if a < b else -0.04), -row),
+                arrowprops=dict(arrowstyle="-|>", color=color, lw=0.8, shrinkA=0, shrinkB=0))
+
+
+def ddp_backward_events(names: Sequence[str], buckets: Sequence[Sequence[int]]) -> list:
+    """The events of one DDP backward, in order: (lane from, lane to, text) per step. buckets: parameter indices
+    of each bucket, in launch order (as a communication hook sees them); backward makes the gradients in the
+    reverse of model.parameters() order; Reducer::mark_bucket_ready launches buckets strictly in index order."""
+    order = [p for b in buckets for p in b]
+    if sorted(order) != list(range(len(names))):
+        raise ValueError("ddp_backward_events: the buckets must hold every parameter index once "
+                         f"(0 .. {len(names) - 1}); got {list(buckets)}")
+    home = {p: i for i, b in enumerate(buckets) for p in b}
+    missing, launched = [len(b) for b in buckets], 0
+    events = [(0, 1, "loss.backward()"), (1, 1, "gradients, last layer first;\neach fires Reducer::autograd_hook"
+                                            "\n-> mark_variable_ready")]
+    for p in reversed(range(len(names))):
+        events.append((1, 2, f"grad of {names[p]}: hook, x 1/W into bucket {home[p]}"))
+        missing[home[p]] -= 1
+        while launched < len(buckets) and missing[launched] == 0:  # in order, never out of turn
+            events.append((2, 3, f"bucket {launched} full: all_reduce launched (async)"))
+            launched += 1
+    events.append((2, 1, "last bucket launched: queue_callback(finalize_backward)"))
+    events.append((1, 2, "graph done: the engine runs the queued callback"))
+    events.append((2, 2, "finalize_backward:\nwait() on each bucket's work,\ncopy the means into p.grad"))
+    events.append((3, 2, "all works done"))
+    events.append((2, 0, "backward() returns"))
+    events.append((0, 0, "optimizer.step()"))
+    return events
+
+
+def draw_ddp_backward(names: Sequence[str], buckets: Sequence[Sequence[int]]) -> Diagram:
+    """Sequence diagram of one DDP backward on CPU (gloo): gradients last layer first, each parameter's hook
+    copying into its bucket, each full bucket's all-reduce launched in order, and the queued callback
+    (Reducer::finalize_backward, queued by mark_variable_ready once the last bucket is launched) that waits for them all before backward() returns. A schematic of the order
+    of events (torch 2.14.1's reducer), with the buckets given (e.g. those a real DDP run formed): not timed."""
+    events = ddp_backward_events(names, buckets)
+    fig = Figure(figsize=(6.4, 0.8 + 0.34 * len(events)), layout="constrained", dpi=DPI)
+    ax = fig.add_subplot()
+    colors = {3: "#c6dbef", 0: "#e5f5e0"}
+    row = 0.0
+    for a, b, text in events:
+        half = 0.3 * text.count("\n")  # a note of several lines takes the room of more than one row
+        row += 1 + half
+        if a != b:
+            _seq_arrow(ax, a, b, row, "#1f77b4" if b == 3 else "black")
+            ax.text((a + b) / 2, -row + 0.1, text, ha="center", va="bottom", fontsize=7,
+                    color="#1f77b4" if b == 3 else "black")
+        else:
+            _seq_note(ax, a, row, text, colors.get(a, "#f0f0f0"))
+        row += half
+    for lane, label in enumerate(SEQ_LANES):
+        ax.plot([lane, lane], [-0.4, -row - 0.6], color="#bbbbbb", lw=0.8, zorder=0)
+    ax.set_xticks(range(len(SEQ_LANES)), SEQ_LANES, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks([])
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_xlim(-0.6, len(SEQ_LANES) - 0.4)
+    ax.set_ylim(-row - 0.8, 0)
+    ax.set_title("one DDP backward, in order (schematic of torch 2.14.1's Reducer; time runs down)", fontsize=8)
+    launches = [t for _, b, t in events if b == 3]
+    alt = (f"Sequence diagram, a schematic of the order of events, not timed: loss.backward() starts autograd, "
+           f"which computes the {len(names)} gradients last layer first; for each, DDP's Reducer::autograd_hook "
+           f"calls mark_variable_ready, which copies it times 1/W into its bucket; {len(launches)} buckets "
+           "each launch an asynchronous all_reduce as soon as they are full, in bucket order; once the last is "
+           "launched, mark_variable_ready queues finalize_backward with the engine's queue_callback; when the graph is done the engine runs finalize_backward, "
+           "which waits for every bucket's all-reduce and copies the means into p.grad, and only then does "
+           "backward() return and the loop call optimizer.step().")
+    return Diagram(fig, alt)
