@@ -12,7 +12,8 @@ from matplotlib.text import Text
 
 from ddp_helpers import launch
 from ddp_helpers.lesson.comms import ring_all_reduce, ring_bytes_per_rank
-from ddp_helpers.lesson.ddp_diagrams import ddp_backward_events, draw_ddp_backward, draw_hook_overlap
+from ddp_helpers.lesson.backward_diagram import ddp_backward_events, draw_ddp_backward
+from ddp_helpers.lesson.ddp_diagrams import draw_hook_overlap
 from ddp_helpers.lesson.diagrams import draw_collective, draw_ring, ring_arrow_ends, ring_received
 
 
