@@ -292,8 +292,8 @@ def draw_holdings(per_rank: Mapping[str, Sequence[Mapping[str, int]]], total: Ma
     if missing:
         raise ValueError(f"draw_holdings: total lacks {missing}: give one full copy's bytes of each part")
     full = sum(total[p] for p in PART_COLORS) / 1e6
-    fig = Figure(figsize=(2.6 * len(per_rank) + 1, 3.2), layout="constrained", dpi=DPI)
-    axes = fig.subplots(1, len(per_rank), sharey=True, squeeze=False)[0]
+    fig = Figure(figsize=(6.4, 2.0 * len(per_rank) + 0.9), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(per_rank), 1, sharey=True, squeeze=False)[:, 0]  # stacked: every panel on a phone
     for ax, (method, ranks) in zip(axes, per_rank.items()):
         for r, held in enumerate(ranks):
             bottom = 0.0
@@ -302,12 +302,12 @@ def draw_holdings(per_rank: Mapping[str, Sequence[Mapping[str, int]]], total: Ma
                 ax.bar(r, mb, bottom=bottom, color=color, width=0.7)
                 bottom += mb
         ax.axhline(full, color="black", ls="--", lw=0.8)
-        ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))], fontsize=7)
-        ax.set_title(method, fontsize=9)
-    axes[0].set_ylabel("MB held by the rank", fontsize=8)
+        ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))], fontsize=9)
+        ax.set_title(method, fontsize=10)
+        ax.set_ylabel("MB held", fontsize=9)
     handles = [Patch(color=c, label=p) for p, c in PART_COLORS.items()]
     handles.append(Line2D([], [], color="black", ls="--", lw=0.8, label="one full copy of all three"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
     alt = "What each rank holds, stacked (parameters, gradients, optimizer state), against one full copy of " \
           f"{full:.2f} MB. " + " ".join(
               f"{method}: " + ", ".join(f"rank {r} {sum(h.get(p, 0) for p in PART_COLORS) / 1e6:.2f} MB"
