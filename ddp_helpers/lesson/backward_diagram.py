@@ -14,7 +14,7 @@ from .diagrams import DPI, Diagram
 
 
 # ------------------------------------------------------------------------------- DDP's backward, in sequence
-SEQ_LANES = ("your loop", "autograd engine", "DDP's Reducer (C++)", "gloo")
+SEQ_LANES = ("your loop", "autograd\nengine", "DDP's Reducer\n(C++)", "gloo")
 
 
 def _seq_note(ax: Any, lane: int, row: float, text: str, color: str = "#f0f0f0") -> None:
@@ -37,16 +37,16 @@ def ddp_backward_events(names: Sequence[str], buckets: Sequence[Sequence[int]]) 
                          f"(0 .. {len(names) - 1}); got {list(buckets)}")
     home = {p: i for i, b in enumerate(buckets) for p in b}
     missing, launched = [len(b) for b in buckets], 0
-    events = [(0, 1, "loss.backward()"), (1, 1, "gradients, last layer first;\neach fires Reducer::autograd_hook"
-                                            "\n-> mark_variable_ready")]
+    events = [(0, 1, "loss.backward()"), (1, 1, "gradients, last layer first; each\nfires Reducer::autograd_hook"
+                                            "\n-> mark_variable_ready: x 1/W,\ncopied into its bucket")]
     for p in reversed(range(len(names))):
-        events.append((1, 2, f"grad of {names[p]}: hook, x 1/W into bucket {home[p]}"))
+        events.append((1, 2, f"grad of {names[p]} -> bucket {home[p]}"))
         missing[home[p]] -= 1
         while launched < len(buckets) and missing[launched] == 0:  # in order, never out of turn
-            events.append((2, 3, f"bucket {launched} full: all_reduce launched (async)"))
+            events.append((2, 3, f"bucket {launched} full: all_reduce (async)"))
             launched += 1
-    events.append((2, 1, "last bucket launched: queue_callback(finalize_backward)"))
-    events.append((1, 2, "graph done: the engine runs the queued callback"))
+    events.append((2, 1, "last bucket launched:\nqueue_callback(finalize_backward)"))
+    events.append((1, 2, "graph done: the engine\nruns the queued callback"))
     events.append((2, 2, "finalize_backward:\nwait() on each bucket's work,\ncopy the means into p.grad"))
     events.append((3, 2, "all works done"))
     events.append((2, 0, "backward() returns"))
@@ -61,7 +61,7 @@ def draw_ddp_backward(names: Sequence[str], buckets: Sequence[Sequence[int]]) ->
     them all before backward() returns. A schematic of the order of events (torch 2.14.1's reducer), with the
     buckets given (e.g. those a real DDP run formed): not timed."""
     events = ddp_backward_events(names, buckets)
-    fig = Figure(figsize=(6.4, 0.8 + 0.34 * len(events)), layout="constrained", dpi=DPI)
+    fig = Figure(figsize=(4.6, 1.0 + 0.3 * len(events)), layout="constrained", dpi=DPI)  # narrow: a phone
     ax = fig.add_subplot()
     colors = {3: "#c6dbef", 0: "#e5f5e0"}
     row = 0.0
@@ -85,7 +85,8 @@ def draw_ddp_backward(names: Sequence[str], buckets: Sequence[Sequence[int]]) ->
         side.set_visible(False)
     ax.set_xlim(-0.6, len(SEQ_LANES) - 0.4)
     ax.set_ylim(-row - 0.8, 0)
-    ax.set_title("one DDP backward, in order (schematic of torch 2.14.1's Reducer; time runs down)", fontsize=8)
+    ax.set_title("one DDP backward, in order: a schematic of torch\n2.14.1's Reducer, not timed (time runs down)",
+                 fontsize=8)
     launches = [t for _, b, t in events if b == 3]
     alt = (f"Sequence diagram, a schematic of the order of events, not timed: loss.backward() starts autograd, "
            f"which computes the {len(names)} gradients last layer first; for each, DDP's Reducer::autograd_hook "
