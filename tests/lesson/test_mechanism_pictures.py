@@ -92,7 +92,7 @@ def test_ddp_backward_launches_buckets_in_order_and_waits_in_the_callback():
     assert launches == [f"bucket {i} full: all_reduce (async)" for i in range(3)]
     grads = [t.split(" ->")[0] for t in texts if t.startswith("grad of")]
     assert grads == [f"grad of p{i}" for i in reversed(range(6))]  # last layer first
-    order = ["queue_callback(finalize_backward)", "the engine runs the queued callback", "finalize_backward:",
+    order = ["queue_callback(finalize_backward)", "runs the queued callback", "finalize_backward:",
              "backward() returns", "optimizer.step()"]
     where = [next(i for i, t in enumerate(texts) if o in t) for o in order]
     assert where == sorted(where) and where[0] > texts.index(launches[-1])
