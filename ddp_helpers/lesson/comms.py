@@ -1,5 +1,6 @@
 """What collectives a rank ran: recorded as they are issued, read back from the flight recorder, and DETAIL's
-report of a mismatch, parsed into plain values a notebook can print and assert on.
+report of a mismatch, parsed into plain values a notebook can print and assert on; and a hand-written ring
+all-reduce that records what each rank holds after each step and the bytes it sends.
 """
 from __future__ import annotations
 
