@@ -1,5 +1,6 @@
 """What collectives a rank ran: recorded as they are issued, read back from the flight recorder, and DETAIL's
-report of a mismatch, parsed into plain values a notebook can print and assert on.
+report of a mismatch, parsed into plain values a notebook can print and assert on; and a hand-written ring
+all-reduce that records what each rank holds after each step and the bytes it sends.
 """
 from __future__ import annotations
 
@@ -116,3 +117,38 @@ def read_flight_recorder(path: str) -> Dict[str, Any]:
     groups = {str(g): s.get("last_enqueued_collective", 0) for g, s in dump.get("pg_status", {}).items()}
     first = next(iter(groups.values()), entries[-1]["seq"] if entries else 0)
     return {"last": groups.get("0", first), "groups": groups, "entries": entries}
+
+
+def ring_all_reduce(t: torch.Tensor) -> Dict[str, Any]:
+    """Sum t over the ranks in place with a hand-written ring (dist.isend/recv), as gloo's ring all-reduce does;
+    returns {"steps": t's values at the start and after each of the 2(W-1) steps, "sent_bytes": what this rank
+    sent}. t's length must be a multiple of the world size (one chunk per rank)."""
+    import torch.distributed as dist  # only inside a rank's process
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if t.dim() != 1 or t.numel() % world:
+        raise ValueError(f"ring_all_reduce: t must be 1-D with a length divisible by the world size {world} "
+                         f"(one chunk per rank); got shape {tuple(t.shape)}")
+    chunks = t.chunk(world)  # views into t: the ring changes t itself
+    right, left = (rank + 1) % world, (rank - 1) % world
+    incoming = torch.empty_like(chunks[0])
+    steps, sent = [t.tolist()], 0
+    for s in range(world - 1):  # reduce-scatter: partial sums travel right, one more rank's value in each
+        send = dist.isend(chunks[(rank - s) % world], right)
+        dist.recv(incoming, left)
+        chunks[(rank - s - 1) % world].add_(incoming)
+        send.wait()  # the chunk sent must not change before it has left
+        sent += chunks[0].numel() * t.element_size()
+        steps.append(t.tolist())
+    for s in range(world - 1):  # all-gather: the complete chunks travel right and overwrite the partial ones
+        send = dist.isend(chunks[(rank + 1 - s) % world], right)
+        dist.recv(chunks[(rank - s) % world], left)
+        send.wait()
+        sent += chunks[0].numel() * t.element_size()
+        steps.append(t.tolist())
+    return {"steps": steps, "sent_bytes": sent}
+
+
+def ring_bytes_per_rank(nbytes: int, world_size: int) -> float:
+    """What each rank sends in a ring all-reduce of nbytes: 2(W-1) chunks of nbytes/W, i.e. 2(W-1)/W x nbytes."""
+    return 2 * (world_size - 1) / world_size * nbytes

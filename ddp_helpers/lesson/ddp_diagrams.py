@@ -21,17 +21,63 @@ SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backw
 
 
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
-                 param_bytes: Sequence[int], rate: float) -> float:
-    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end."""
-    free = 0.0
+                 param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None) -> float:
+    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end.
+    A single bucket is the one all-reduce of everything: it is labelled so, not numbered; with names (one
+    gradient per bucket) every send is labelled with its layer, slivers below the bar."""
+    free, spans = 0.0, []
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
         ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=SEND_COLORS[i % len(SEND_COLORS)])
-        if length > 0.025:  # a number on a sliver would run into its neighbours'
-            ax.text(start + length / 2, y, f"{i}", ha="center", va="center", fontsize=7, color="white")
+        label = f"all {len(b)} gradients" if len(buckets) == 1 else f"{i}"
+        if names is not None and len(buckets) > 1:
+            spans.append((names[b[0]], start, start + length))
+        elif length > 0.025:  # a number on a sliver would run into its neighbours'
+            ax.text(start + length / 2, y, label, ha="center", va="center", fontsize=8, color="white")
         free = start + length
+    if spans:
+        _label_spans(ax, y, _merge_spans(spans), below=True)
     return free
+
+
+def _merge_spans(items: Sequence[tuple]) -> list:
+    """(name, start, end) in time order, neighbours of one name (a layer's weight and bias) merged into one."""
+    spans: list = []
+    for name, a, b in items:
+        if spans and spans[-1][0] == name and abs(spans[-1][2] - a) < 1e-9:
+            spans[-1] = (name, spans[-1][1], b)
+        else:
+            spans.append((name, a, b))
+    return spans
+
+
+def _label_spans(ax: Any, y: float, spans: Sequence[tuple], below: bool = False) -> None:
+    """Label every name of a bar once: inside its span where that is wide enough, else beside it with a leader
+    line, staggered so that neighbouring labels don't collide (a sliver of a name labelled already is left)."""
+    wide = {name for name, a, b in spans if b - a > 0.09}
+    outside, shown = 0, set()
+    for name, a, b in spans:
+        if b - a > 0.09:
+            ax.text((a + b) / 2, y, name, ha="center", va="center", fontsize=7, color="white")
+            continue
+        if name in wide or name in shown:
+            continue
+        shown.add(name)
+        outside += 1
+        sign, lift = (-1, "top") if below else (1, "bottom")
+        ax.annotate(name, xy=((a + b) / 2, y + 0.3 * sign), fontsize=7, ha="left", va=lift,
+                    xytext=((a + b) / 2 + 0.02, y + sign * (0.55 + 0.25 * (outside % 2))),
+                    arrowprops=dict(arrowstyle="-", lw=0.5))
+
+
+def _name_spans(ax: Any, y: float, names: Sequence[str], sizes: Sequence[float]) -> None:
+    """Label every layer on backward's bar (which computes the gradients last parameter first)."""
+    items, x = [], 0.0
+    for p in reversed(range(len(names))):
+        items.append((names[p], x, x + sizes[p]))
+        x += sizes[p]
+    _label_spans(ax, y, _merge_spans(items))
 
 
 def draw_hook_overlap(param_bytes: Sequence[int], names: Optional[Sequence[str]] = None,
@@ -71,23 +117,24 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         start = 0.0
         for p in reversed(range(len(param_bytes))):
             ax.broken_barh([(start, sizes[p])], (y_bwd - 0.3, 0.6), facecolor="#7f7f7f", edgecolor="white")
-            if names is not None and sizes[p] > 0.1:
-                ax.text(start + sizes[p] / 2, y_bwd, names[p], ha="center", va="center", fontsize=6, color="white")
             start += sizes[p]
+        if names is not None:
+            _name_spans(ax, y_bwd, names, sizes)
         ready = [max(done[p] for p in b) for b in groups]
-        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute)
+        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
+                                   names if per_gradient else None)
         ax.axvline(ends[label], ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
                    ls="--", lw=0.8)
         ax.text(ends[label], y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
     ax.set_yticks([3.2, 2.5, 1.0, 0.3], ["backward", "all-reduce", "backward", "all-reduces"], fontsize=8)
-    ax.set_ylim(-0.6, 4.0)
+    ax.set_ylim(-0.9 if per_gradient else -0.6, 4.4)
     ax.set_xlabel("time (schematic: in proportion to the bytes of each gradient)", fontsize=8)
     ax.set_xticks([])
     bottom = (f"{len(buckets)} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
               else f"{len(buckets)} buckets, each sent when its last gradient is ready")
     ax.set_title(f"top: one all-reduce after backward; bottom: {bottom}", fontsize=9)
     handles = [Patch(color="#7f7f7f", label="backward computes one parameter's gradient (last layer first)"),
-               Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (number: the order sent)" if per_gradient
+               Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (label: its layer)" if per_gradient
                      else "a bucket's all-reduce (number: the bucket)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     first = [names[p] for p in buckets[0]] if names is not None else None
@@ -245,8 +292,8 @@ def draw_holdings(per_rank: Mapping[str, Sequence[Mapping[str, int]]], total: Ma
     if missing:
         raise ValueError(f"draw_holdings: total lacks {missing}: give one full copy's bytes of each part")
     full = sum(total[p] for p in PART_COLORS) / 1e6
-    fig = Figure(figsize=(2.6 * len(per_rank) + 1, 3.2), layout="constrained", dpi=DPI)
-    axes = fig.subplots(1, len(per_rank), sharey=True, squeeze=False)[0]
+    fig = Figure(figsize=(6.4, 2.0 * len(per_rank) + 0.9), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(per_rank), 1, sharey=True, squeeze=False)[:, 0]  # stacked: every panel on a phone
     for ax, (method, ranks) in zip(axes, per_rank.items()):
         for r, held in enumerate(ranks):
             bottom = 0.0
@@ -255,17 +302,15 @@ def draw_holdings(per_rank: Mapping[str, Sequence[Mapping[str, int]]], total: Ma
                 ax.bar(r, mb, bottom=bottom, color=color, width=0.7)
                 bottom += mb
         ax.axhline(full, color="black", ls="--", lw=0.8)
-        ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))], fontsize=7)
-        ax.set_title(method, fontsize=9)
-    axes[0].set_ylabel("MB held by the rank", fontsize=8)
+        ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))], fontsize=9)
+        ax.set_title(method, fontsize=10)
+        ax.set_ylabel("MB held", fontsize=9)
     handles = [Patch(color=c, label=p) for p, c in PART_COLORS.items()]
     handles.append(Line2D([], [], color="black", ls="--", lw=0.8, label="one full copy of all three"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
     alt = "What each rank holds, stacked (parameters, gradients, optimizer state), against one full copy of " \
           f"{full:.2f} MB. " + " ".join(
               f"{method}: " + ", ".join(f"rank {r} {sum(h.get(p, 0) for p in PART_COLORS) / 1e6:.2f} MB"
                                         for r, h in enumerate(ranks)) + "."
               for method, ranks in per_rank.items())
     return Diagram(fig, alt)
-
-

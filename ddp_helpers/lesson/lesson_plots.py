@@ -17,6 +17,8 @@ from .plots import _color, _smooth
 DPI = 150
 BUCKET_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
                  "#7f7f7f")
+# Where a rank's backward() returned: black, one line style per rank, so no rank line takes a bucket's colour.
+RANK_LINES = ("-", "--", "-.", ":")
 
 
 def _check_marks(record: dict, names: Sequence[str]) -> None:
@@ -32,8 +34,10 @@ def _timeline_legend(fig: Figure) -> None:
                Patch(color="#7f7f7f", label="backward, computing gradients"),
                Patch(facecolor="white", edgecolor="#7f7f7f", hatch="///",
                      label="backward, waiting for the last all-reduces"),
-               Patch(color=BUCKET_COLORS[0], label="a bucket: handed to the hook -> all-reduce done"),
-               Line2D([], [], color="black", lw=0.8, ls=":", label="backward() returned (one line per rank, its colour)")]
+               Patch(color=BUCKET_COLORS[0],
+                     label="a bucket (its number): handed to the hook -> its future's callback ran"),
+               Line2D([], [], color="black", lw=1.2, ls=RANK_LINES[0], label="rank 0's backward() returned"),
+               Line2D([], [], color="black", lw=1.2, ls=RANK_LINES[1], label="rank 1's backward() returned")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
 
 
@@ -42,8 +46,8 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
 
     For each rank: forward (light grey), backward up to the last bucket's hand-over, i.e. computing gradients
     (dark grey), then backward waiting for the last all-reduces (hatched); below, one bar per bucket from the
-    moment DDP handed it to the hook to the moment its all-reduce completed (bucket index on the bar); a dotted
-    line in the rank's colour where its backward() returned. The panels share one time axis, so bars of the
+    moment DDP handed it to the hook to the moment the callback chained to its future ran (bucket index beside
+    the bar); a black line, one style per rank, where the rank's backward() returned. The panels share one time axis, so bars of the
     same length take the same time in every panel; a legend below says what each mark stands for.
     """
     if not panels:
@@ -74,10 +78,11 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
                 y = y_compute - 0.45 * (lane + 1)
                 ax.broken_barh([(b["handed"] * scale, (b["done"] - b["handed"]) * scale)], (y, 0.38),
                                color=BUCKET_COLORS[b["index"] % len(BUCKET_COLORS)], alpha=0.9)
-                ax.text(b["done"] * scale, y + 0.19, f" {b['index']}", ha="left", va="center", fontsize=6)
+                ax.text(b["done"] * scale, y + 0.19, f" {b['index']}", ha="left", va="center", fontsize=9,
+                        fontweight="bold")
             if rec["buckets"]:
                 ticks.append((y_compute - 0.45 * (len(rec["buckets"]) + 1) / 2 + 0.19, f"rank {rank}: buckets"))
-            ax.axvline(m["backward_end"] * scale, color=_color(rank), lw=0.8, ls=":")
+            ax.axvline(m["backward_end"] * scale, color="black", lw=1.2, ls=RANK_LINES[rank % len(RANK_LINES)])
         pos, names = zip(*ticks)
         ax.set_yticks(pos, names, fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -121,26 +126,30 @@ def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[s
 
 
 def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Optional[str] = None) -> Figure:
-    """Left: each run's loss per step; right: each other run's loss minus the reference run's, per step.
+    """Top: each run's loss per step (the reference on top, black dashed with markers); below: each other run's
+    loss minus the reference run's, per step.
 
-    Runs that agree closely draw one line on the left; the right panel shows how far apart they are (0: the
+    Runs that agree closely draw one line at the top; the lower panel shows how far apart they are (0: the
     same number at that step), so "close, not bitwise" can be seen. losses: label -> per-step losses.
     """
     if reference not in losses or len(losses) < 2:
         raise ValueError(f"plot_loss_gaps needs the reference run {reference!r} and at least one other: "
                          f"{{label: per-step losses}}, got {list(losses)}")
     ref = np.asarray(losses[reference], dtype=float)
-    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=DPI)
-    ax_loss, ax_gap = fig.subplots(1, 2)
+    fig = Figure(figsize=(6.4, 6.4), layout="constrained", dpi=DPI)  # stacked: reads on a phone
+    ax_loss, ax_gap = fig.subplots(2, 1, sharex=True)
     for i, (label, loss) in enumerate(losses.items()):
         loss = np.asarray(loss, dtype=float)
         steps = np.arange(1, len(loss) + 1)
+        if label == reference:  # drawn last and on top, black and dashed with markers: never hidden by the others
+            ax_loss.plot(steps, loss, color="black", lw=1.6, ls="--", marker="o", markersize=3, zorder=5,
+                         label=f"{label} (reference)")
+            continue
         ax_loss.plot(steps, loss, color=_color(i), lw=1.2, label=label)
-        if label != reference:
-            n = min(len(loss), len(ref))
-            ax_gap.plot(steps[:n], loss[:n] - ref[:n], color=_color(i), lw=1.2, marker="o", markersize=2.5,
-                        label=f"{label} - {reference}")
-    ax_gap.axhline(0.0, color=_color(list(losses).index(reference)), lw=1.0, ls="--", label=f"{reference} (0)")
+        n = min(len(loss), len(ref))
+        ax_gap.plot(steps[:n], loss[:n] - ref[:n], color=_color(i), lw=1.2, marker="o", markersize=2.5,
+                    label=f"{label} - {reference}")
+    ax_gap.axhline(0.0, color="black", lw=1.2, ls="--", label=f"{reference} (0)", zorder=5)
     ax_loss.set(xlabel="optimizer steps", ylabel="training loss")
     ax_gap.set(xlabel="optimizer steps", ylabel=f"loss minus the {reference} run's loss")
     for ax in (ax_loss, ax_gap):

@@ -51,8 +51,8 @@ def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, in
         raise ValueError("plot_rank_bytes needs {method: {world_size: [rank_bytes(...) per rank]}}")
     sizes = sorted({w for runs in per_rank.values() for w in runs})
     width = 0.8 / len(per_rank)
-    fig = Figure(figsize=(9, 3.6), layout="constrained", dpi=150)
-    axes = fig.subplots(1, len(PARTS), sharey=True)
+    fig = Figure(figsize=(6.4, 2.3 * len(PARTS) + 1.0), layout="constrained", dpi=150)
+    axes = fig.subplots(len(PARTS), 1, sharey=True)  # stacked: each panel reads at a phone's width
     for ax, part in zip(axes, PARTS):
         for i, (method, runs) in enumerate(per_rank.items()):
             at = [sizes.index(w) + (i - (len(per_rank) - 1) / 2) * width for w in sorted(runs)]
@@ -62,18 +62,19 @@ def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, in
             ax.scatter(at, lo, marker="_", s=120, color="black", zorder=4,
                        label="smallest rank" if i == 0 else None)
             for x, h in zip(at, hi):
-                ax.text(x, h, f"{h * 1e6 / total[part]:.2g}", ha="center", va="bottom", fontsize=6)
+                ax.text(x, h, f"{h * 1e6 / total[part]:.2g}", ha="center", va="bottom", fontsize=8)
         for j, w in enumerate(sizes):
             ax.hlines(total[part] / w / 1e6, j - 0.45, j + 0.45, color="black", ls=":", lw=1.4, zorder=5,
                       label="total / W" if j == 0 else None)
-        ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
-        ax.set(title=part, xlabel="world size W")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("MB on one rank")
+        ax.set_xticks(range(len(sizes)), [f"W = {w}" for w in sizes], fontsize=10)
+        ax.tick_params(axis="both", labelsize=10, width=1.0, length=4, color="black")
+        ax.set_title(part, fontsize=11)
+        ax.set_ylabel("MB on one rank", fontsize=10)
+        ax.grid(axis="y", alpha=0.6, color="#888888")
     handles, labels = axes[-1].get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda k: (labels[k] in ("smallest rank", "total / W"), k))  # bars first
     fig.legend([handles[k] for k in order], [labels[k] for k in order], loc="outside lower center",
-               ncols=len(order), fontsize=7, frameon=False)
-    fig.suptitle("what one rank holds: the largest rank (bar, with its fraction of one full copy), the smallest "
-                 "(tick)", fontsize=9)
+               ncols=3, fontsize=9, frameon=False)
+    fig.suptitle("what one rank holds: the largest rank (bar, with its fraction\nof one full copy), the smallest "
+                 "(tick)", fontsize=10)
     return fig

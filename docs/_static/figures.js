@@ -1,18 +1,14 @@
-// On a narrow screen a figure shrunk to the column would shrink its text out of reading size (the notebooks draw
-// their figures at 150 dpi, 7-10 inches wide). Each figure keeps at least 60% of its drawn size; its output box
-// scrolls sideways instead of the page (site.css).
+// Figures fit the column (site.css: max-width 100%): on a phone a figure is shrunk to the screen, never cut off
+// or hidden in a sideways box. Tapping a figure opens it at its full drawn size, for its small print.
 (function () {
     "use strict";
-    var SCALE = 0.6;
-    function keep(img) {
-        if (img.naturalWidth) {
-            img.style.setProperty("--figure-min-width", Math.round(img.naturalWidth * SCALE) + "px");
-        }
+    function zoomable(img) {
+        if (img.closest("a")) { return; }  // already a link
+        img.title = img.title || "open the figure at full size";
+        img.addEventListener("click", function () { window.open(img.src, "_blank"); });
     }
     function all() {
-        document.querySelectorAll("div.cell_output img, .static-widget img").forEach(function (img) {
-            if (img.complete) { keep(img); } else { img.addEventListener("load", function () { keep(img); }); }
-        });
+        document.querySelectorAll("div.cell_output img, .static-widget img").forEach(zoomable);
     }
     if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", all); } else { all(); }
 })();
