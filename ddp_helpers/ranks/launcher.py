@@ -32,11 +32,29 @@ if TYPE_CHECKING:
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
 # module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
 
-__all__ = ["GRACE_S", "LaunchError", "LaunchInterrupted", "RankFailedError", "check_launch", "check_start_method",
-           "launch", "raised_in_collective", "stop_processes"]
+__all__ = ["GRACE_S", "SERVER_EXIT_S", "SETTLE_S", "LaunchError", "LaunchInterrupted", "RankFailedError",
+           "check_launch", "check_start_method", "launch", "raised_in_collective", "stop_processes", "window_s"]
 
-SERVER_EXIT_S = 2.0  # a killed forkserver has this long to be seen dead (a zombie or gone)
-SETTLE_S = 0.3  # after a failure, this long for the other ranks to publish their last step and report
+# Two windows of the failure path, in seconds. Each is ended early by its event (a zombie server, the other ranks'
+# exit), so a higher value costs nothing when all goes well; the environment variable overrides the default, read
+# at each use (a test under load sets it high so that only the event ends the wait, never the clock).
+SERVER_EXIT_S = 2.0  # DDP_HELPERS_SERVER_EXIT_S: a killed forkserver has this long to be seen dead (zombie or gone)
+SETTLE_S = 0.3  # DDP_HELPERS_SETTLE_S: after a failure, this long for the other ranks to publish their last step
+
+
+def window_s(name: str) -> float:
+    """SERVER_EXIT_S or SETTLE_S: DDP_HELPERS_<name> from the environment if set, else the module's value."""
+    text = os.environ.get(f"DDP_HELPERS_{name}")
+    if text is None:
+        return globals()[name]
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"DDP_HELPERS_{name}={text!r} is not a positive number of seconds; "
+                          f"unset it for the default ({globals()[name]})")
+    return value
 
 
 class LaunchError(RuntimeError):
@@ -97,6 +115,8 @@ def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s:
     check_timeout(timeout_s, "launch(timeout_s={})")
     backend = resolve_backend(backend, world_size)
     check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
+    for name in ("SERVER_EXIT_S", "SETTLE_S"):
+        window_s(name)  # a bad DDP_HELPERS_ override is said now, not in the middle of a failure
     return backend
 
 
@@ -283,7 +303,7 @@ def _watch(context: ProcessContext, on_poll: Optional[Callable[[], None]], poll_
             try:
                 # join waits only on ranks still running; on a failure it gives the others SETTLE_S to report
                 # their side, then terminates them.
-                if context.join(timeout=poll_s, grace_period=SETTLE_S):
+                if context.join(timeout=poll_s, grace_period=window_s("SETTLE_S")):
                     return None
             except ProcessException as e:
                 return e.error_index
@@ -331,7 +351,7 @@ def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[i
     # The ranks read as 255 once the server's end of their pipes closes, which a dying process does before it
     # becomes a zombie (tearing down torch's mappings takes a while): give it that long. Not reaped here:
     # multiprocessing's next ensure_running() does that and starts a new server.
-    deadline = time.monotonic() + SERVER_EXIT_S
+    deadline = time.monotonic() + window_s("SERVER_EXIT_S")
     while True:
         try:
             if psutil.Process(server).status() == psutil.STATUS_ZOMBIE:

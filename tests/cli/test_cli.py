@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from ddp_helpers import TrainResult
-from ddp_helpers.ranks.placement import free_port
 
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
 
@@ -191,44 +190,6 @@ def test_a_failed_torchrun_job_keeps_every_ranks_rows(tmp_path):
     assert [list(r.step) for r in partial.ranks] == [list(range(7))] * 2, p.stderr[-3000:]
     assert len(set(partial.ranks[0].param_fingerprint) & set(partial.ranks[1].param_fingerprint)) == 7
     assert any("failed: rank 1: reported nothing" in n for n in partial.notes), partial.notes
-
-
-@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
-                    reason="torchrun not installed next to this Python")
-@pytest.mark.slow
-def test_torchrun_two_nodes_give_the_same_run(tmp_path, small_run):
-    """Two torchrun agents on this machine stand in for two nodes: RANK differs, LOCAL_RANK is 0 on both. Node 1
-    has a temp dir of its own, as another machine would: its rows reach rank 0 over the group, not as files."""
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    port = free_port()
-    procs = []
-    node_tmp = [tmp_path / "tmp0", tmp_path / "tmp1"]
-    for node in (0, 1):
-        node_tmp[node].mkdir()
-        # Each "node" binds its one rank's thread to the same core otherwise: on real nodes they differ.
-        procs.append(subprocess.Popen(
-            [torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-             "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "ddp_helpers.train",
-             "--dataset", "mnist-5k", "--max-steps", "8", "--threads-per-rank", "1", "--bind-cores", "false",
-             "--no-plots", "--out", str(tmp_path / f"node{node}")],
-            cwd=tmp_path, env={**ENV, "TMPDIR": str(node_tmp[node])}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
-    assert not (tmp_path / "node1").exists()  # only global rank 0 writes, even though node 1 has a local rank 0
-    assert [list(t.glob("ddp_helpers-ranks-*")) for t in node_tmp] == [[], []]  # each node's run folder removed
-    res = TrainResult.load(str(tmp_path / "node0" / "result.json"))
-    assert res.world_size == 2 and res.fingerprints_agree()
-    for mine, spawned in zip(res.ranks, small_run.ranks):
-        assert np.array_equal(mine.sample_indices, spawned.sample_indices)  # shards follow RANK, not LOCAL_RANK
-        assert mine.param_fingerprint == spawned.param_fingerprint
-    assert res.test_accuracy == small_run.test_accuracy
 
 
 @pytest.mark.parametrize("text, expected", [("false", False), ("true", True), ("auto", None), ("off", False)])

@@ -15,7 +15,7 @@ from ddp_helpers import RankFailedError, launch
 from ddp_helpers.ranks import ending as E
 from ddp_helpers.ranks.launcher import LaunchInterrupted
 
-from _procs import describe_and_kill, outliving
+from _procs import ENDS_WITHIN_S, describe_and_kill, outliving
 
 DAEMON = ("import os, time\n"
           "if os.fork() == 0:\n"
@@ -60,7 +60,8 @@ def test_detached_processes_a_rank_started_end_with_the_launch(tmp_path, then):
         assert then != "return" and e.rank == 1
     started = list(tmp_path.iterdir())
     assert len(started) == 4 if then != "sigkill" else len(started) >= 2
-    left = outliving(_detached(tmp_path), timeout=5.0)  # the launch returned: they must be gone (zombies at most)
+    # the launch returned: they must be gone (zombies at most)
+    left = outliving(_detached(tmp_path), timeout=ENDS_WITHIN_S)
     names = describe_and_kill(left)
     assert not left, f"outlived the launch: {names}"
 

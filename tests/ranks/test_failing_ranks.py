@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_helpers import RankFailedError, TrainConfig, launch, run_training
+from ddp_helpers.common.errors import ConfigError
 from ddp_helpers.engine.faults import InjectedFault
 from ddp_helpers.ranks.placement import free_port
 
@@ -45,7 +46,10 @@ def _cmd(p: psutil.Process) -> str:
 
 
 @pytest.mark.parametrize("start_method", [pytest.param("spawn", marks=pytest.mark.slow), "fork"])
-def test_rank_that_raises_ends_the_job_with_its_error(start_method):
+def test_rank_that_raises_ends_the_job_with_its_error(start_method, monkeypatch):
+    # Rank 0 publishes its step 4 and then ends on its own (its step-5 all-reduce loses its peer): the wait for it
+    # is ended by that exit, not by SETTLE_S's 0.3 s, which a loaded machine can outlast.
+    monkeypatch.setenv("DDP_HELPERS_SETTLE_S", "120")
     port = free_port()
     with pytest.raises(RankFailedError) as e:
         run_training(SMALL.replace(fault_rank=1, fault_step=5, master_port=port), progress=False,
@@ -150,8 +154,10 @@ def _waits_long(rank: int, world_size: int, marks: str):
 
 
 @pytest.mark.slow
-def test_a_killed_forkserver_is_named_and_the_next_launch_starts_a_new_one(tmp_path):
+def test_a_killed_forkserver_is_named_and_the_next_launch_starts_a_new_one(tmp_path, monkeypatch):
     import multiprocessing.forkserver as fs
+
+    monkeypatch.setenv("DDP_HELPERS_SERVER_EXIT_S", "120")  # seen dead when it is a zombie or gone, not by a clock
 
     launch(_hello, 2)  # the server is running
 
@@ -166,3 +172,16 @@ def test_a_killed_forkserver_is_named_and_the_next_launch_starts_a_new_one(tmp_p
         launch(_waits_long, 2, args=(str(tmp_path),), on_poll=kill_server, init_group=False)
     assert killed and "forkserver" in e.value.message and "the next launch starts a new one" in e.value.message
     assert launch(_hello, 2) == [0, 1]
+
+
+@pytest.mark.parametrize("name", ["SERVER_EXIT_S", "SETTLE_S"])
+def test_a_failure_window_is_a_setting_the_environment_overrides(name, monkeypatch):
+    from ddp_helpers.ranks import launcher
+
+    assert launcher.window_s(name) == getattr(launcher, name)
+    monkeypatch.setenv(f"DDP_HELPERS_{name}", "7.5")
+    assert launcher.window_s(name) == 7.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv(f"DDP_HELPERS_{name}", bad)
+        with pytest.raises(ConfigError, match=f"DDP_HELPERS_{name}=.*unset it"):
+            launcher.check_launch(2, "gloo", "127.0.0.1", 0)  # refused before any process starts

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from _procs import describe_and_kill, outliving
+from _procs import ENDS_WITHIN_S, describe_and_kill, outliving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -70,7 +70,7 @@ def test_the_stop_button_during_a_launch_shows_one_line_and_ends_every_rank(kern
     error = _error_of(kc, msg_id)
     assert error.get("ename") == "LaunchInterrupted"  # a KeyboardInterrupt; what the notebook shows is below
     assert error["traceback"] == ["KeyboardInterrupt: stopped; all 2 ranks have ended"], error["traceback"]
-    left = outliving(ranks, timeout=5.0)
+    left = outliving(ranks, timeout=ENDS_WITHIN_S)
     assert not left, describe_and_kill(left)
 
 
@@ -84,8 +84,11 @@ def test_a_restart_after_launches_lets_the_kernel_end_by_itself(kernel):
     old = km.provisioner.process
     family = psutil.Process(old.pid).children(recursive=True)  # the forkserver and the resource tracker
     assert len(family) >= 2, family
+    # jupyter_client SIGTERMs a kernel that hasn't ended shutdown_wait_time (2.5 s) after the request; the promise
+    # is "ends by itself", not "within 2.5 s", which a loaded machine outlasts: wait for the event itself.
+    km.shutdown_wait_time = 120
     km.restart_kernel(now=False)  # a shutdown request, as Lab's restart sends; Jupyter kills it if it lingers
     kc.wait_for_ready(timeout=120)
     assert old.returncode == 0, f"the kernel was killed ({old.returncode}), it did not end by itself"
-    left = outliving(family, timeout=5.0)
+    left = outliving(family, timeout=ENDS_WITHIN_S)
     assert not left, describe_and_kill(left)

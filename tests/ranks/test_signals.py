@@ -19,7 +19,7 @@ from ddp_helpers import TrainConfig, launch, run_training
 from ddp_helpers.ranks import cleanup as C
 from ddp_helpers.ranks import launcher as L
 
-from _procs import default_signals, describe_and_kill, outliving, wait_for
+from _procs import ENDS_WITHIN_S, default_signals, describe_and_kill, outliving, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "DDP_HELPERS_PROGRESS": "0"}
@@ -117,9 +117,9 @@ def _hung(proc: subprocess.Popen, left: list, what: str) -> str:
 
 
 @pytest.mark.slow
-def test_sigint_to_the_parent_ends_every_child_within_5_s(tmp_path):
-    """Ctrl-C to a program: its ranks end within 5 s of the SIGINT, the program runs its own handler and exits
-    130, and the forkserver, which ends when its launcher does, within 5 s of the program's exit (each promise
+def test_sigint_to_the_parent_ends_every_child(tmp_path):
+    """Ctrl-C to a program: its ranks end after the SIGINT, the program runs its own handler and exits
+    130, and the forkserver, which ends when its launcher does, after the program's exit (each promise
     timed from its own event: the program's exit, an interpreter holding torch, is slow on a loaded machine)."""
     script, trained = tmp_path / "long_run.py", tmp_path / "trained"
     script.write_text(SIGINT_SCRIPT)
@@ -133,15 +133,15 @@ def test_sigint_to_the_parent_ends_every_child_within_5_s(tmp_path):
     assert len(server) == 1 and len(ranks) >= 2, [_cmd(p) for p in server + ranks]
     proc.send_signal(signal.SIGINT)
     # outliving, not psutil.wait_procs: an orphan's zombie (reaped by PID 1 when it gets to it) has exited.
-    left = outliving(ranks, timeout=5)
-    assert not left, _hung(proc, left, "ranks still running 5 s after SIGINT")
+    left = outliving(ranks, timeout=ENDS_WITHIN_S)
+    assert not left, _hung(proc, left, f"ranks still running {ENDS_WITHIN_S:.0f} s after SIGINT")
     try:
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail(_hung(proc, [], "the program still running 60 s after SIGINT"))
     assert proc.returncode == 130 and "interrupted" in out, err[-2000:]
-    left = outliving(server, timeout=5)
-    assert not left, _hung(proc, left, "the forkserver still running 5 s after its launcher's exit")
+    left = outliving(server, timeout=ENDS_WITHIN_S)
+    assert not left, _hung(proc, left, f"the forkserver still running {ENDS_WITHIN_S:.0f} s after its launcher's exit")
 
 
 PARENT = textwrap.dedent("""
@@ -169,7 +169,7 @@ def test_a_signal_to_the_parent_stops_the_ranks_and_removes_the_log_folder(tmp_p
     family = psutil.Process(parent.pid).children(recursive=True)
     parent.send_signal(sig)
     _, stderr = parent.communicate(timeout=15)
-    alive = outliving(family, timeout=5.0)
+    alive = outliving(family, timeout=ENDS_WITHIN_S)
     names = describe_and_kill(alive)
     assert parent.returncode == -sig, stderr[-2000:]  # it ended as the signal would have ended it
     assert not alive, f"{len(alive)} process(es) outlived the parent: {names}"
@@ -207,7 +207,7 @@ def test_sigterm_to_a_jupyter_kernel_mid_run_ends_the_kernel_and_its_ranks(tmp_p
             code = kernel.wait(timeout=15)
         except psutil.TimeoutExpired:
             code = None
-        alive = outliving(family, timeout=5.0)
+        alive = outliving(family, timeout=ENDS_WITHIN_S)
         names = describe_and_kill(alive)
         assert code == -signal.SIGTERM, f"the kernel did not end on SIGTERM (exit status {code})"
         assert not alive, f"outlived the kernel: {names}"

@@ -48,17 +48,28 @@ def two_hosts():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
 
 
-def _start(node: int, out, ifname: dict, extra=(), nproc: int = 2) -> subprocess.Popen:
+def _start(node: int, out, ifname: dict, port: int, extra=(), nproc: int = 2) -> subprocess.Popen:
     ns = NODES[node][0]
-    env = {**ENV, **({"GLOO_SOCKET_IFNAME": ifname[node]} if node in ifname else {})}
+    tmp = out.parent / f"tmp{node}"  # a temp dir of its own, as another machine has
+    tmp.mkdir(exist_ok=True)
+    env = {**ENV, "TMPDIR": str(tmp), **({"GLOO_SOCKET_IFNAME": ifname[node]} if node in ifname else {})}
     cmd = ["ip", "netns", "exec", ns, TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", str(nproc),
-           "--master-addr", NODES[0][2], "--master-port", "29517", "-m", "ddp_helpers.train", "--dataset", "mnist-5k",
+           "--master-addr", NODES[0][2], "--master-port", str(port), "-m", "ddp_helpers.train", "--dataset", "mnist-5k",
            "--max-steps", "3", "--threads-per-rank", "1", "--bind-cores", "false", "--no-plots", "--out", str(out),
            *extra]
     log = open(out.parent / f"node{node}.log", "w+")  # a file, not a pipe: nobody reads it while the node runs
     proc = subprocess.Popen(cmd, cwd=out.parent, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.log = log
     return proc
+
+
+def free_port_in(ns: str) -> int:
+    """A port free on node 0's address, as ddp_helpers.ranks.placement.free_port picks one (bind to port 0), asked
+    inside node 0's namespace, where its store will listen: a fixed port can be taken by anything running."""
+    code = f"from ddp_helpers.ranks.placement import free_port; print(free_port({NODES[0][2]!r}))"
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60, env=ENV)
+    return int(out.stdout)
 
 
 def _finish(procs, timeout_s: float):
@@ -81,12 +92,20 @@ def _finish(procs, timeout_s: float):
 @pytest.mark.timeout(300)
 @pytest.mark.slow
 def test_two_hosts_train_with_the_interface_that_routes_to_the_master(two_hosts, tmp_path):
-    """No GLOO_SOCKET_IFNAME: gloo would advertise 127.0.0.1 (the hostname's address); the ranks pick the veth."""
-    procs = [_start(n, tmp_path / f"node{n}", {}) for n in (0, 1)]
+    """No GLOO_SOCKET_IFNAME: gloo would advertise 127.0.0.1 (the hostname's address); the ranks pick the veth.
+
+    Each host has its own temp dir: node 1's ranks' rows reach global rank 0 over the group, not as files, and
+    only global rank 0 writes, though node 1 has a LOCAL_RANK 0 too (nb06's two-agent cell shows the shards
+    follow RANK)."""
+    port = free_port_in(NODES[0][0])
+    procs = [_start(n, tmp_path / f"node{n}", {}, port) for n in (0, 1)]
     logs = _finish(procs, 240)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert not (tmp_path / "node1").exists()  # only global rank 0 writes
+    assert [list((tmp_path / f"tmp{n}").glob("ddp_helpers-ranks-*")) for n in (0, 1)] == [[], []]  # removed
     res = TrainResult.load(str(tmp_path / "node0" / "result.json"))
     assert res.world_size == 4 and res.fingerprints_agree()  # 4 ranks on 2 hosts, identical parameters
+    assert [len(r.step) for r in res.ranks] == [3] * 4  # every rank's rows, node 1's over the group
 
 
 @pytest.mark.timeout(300)
@@ -100,7 +119,8 @@ def test_ranks_waiting_for_a_host_that_cant_be_reached_give_up_at_timeout_and_sa
 
     Timed from node 1's end: node 0's rank starts waiting for node 1's once both have met at the store, before
     node 1's rank fails, so it gives up at most timeout_s and a grace after that (however long both took to start)."""
-    procs = [_start(n, tmp_path / f"node{n}", {0: "lo", 1: "lo"}, extra=("--timeout-s", "3"), nproc=1)
+    port = free_port_in(NODES[0][0])
+    procs = [_start(n, tmp_path / f"node{n}", {0: "lo", 1: "lo"}, port, extra=("--timeout-s", "3"), nproc=1)
              for n in (0, 1)]
     logs = []
     try:
