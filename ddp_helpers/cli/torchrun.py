@@ -167,8 +167,8 @@ class Leaver:
         except Exception as e:  # noqa: BLE001 - never hide the failure itself
             say(f"rank {self.rank}: could not save the partial metrics: {type(e).__name__}: {e}")
         finally:
-            self.done = True
             remove_if_last(self.run_dir)
+            self.done = True  # only now may a SIGTERM end this process: the folder's removal is part of leaving
         if self.pending is not None:
             _die_of(self.pending)
 
