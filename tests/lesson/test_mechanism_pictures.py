@@ -138,3 +138,16 @@ def test_the_ring_labels_of_the_wrapping_arrow_touch_no_arrow_and_no_box(w):
                     assert not Path(line).intersects_bbox(box, filled=False), label.get_text()
             elif isinstance(patch, Rectangle):
                 assert not patch.get_window_extent(renderer).overlaps(box), label.get_text()
+
+
+def test_per_gradient_sends_take_one_colour_per_layer_never_the_top_rows():
+    from ddp_helpers.lesson.ddp_diagrams import SEND_COLORS, _layer_colors
+
+    names = [f"layer {i // 2 + 1}" for i in range(12)]
+    sends = [[p] for p in reversed(range(12))]  # as draw_hook_overlap sends them: last gradient first
+    colors = _layer_colors(sends, names)
+    by_layer = {}
+    for (p,), color in zip(sends, colors):
+        by_layer.setdefault(names[p], set()).add(color)
+    assert all(len(c) == 1 for c in by_layer.values())  # a layer's weight and bias share a colour
+    assert len({c.pop() for c in by_layer.values()}) == 6 and SEND_COLORS[0] not in colors
