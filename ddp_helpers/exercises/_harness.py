@@ -31,7 +31,7 @@ COLLECTIVE_TIMEOUT_S = 8.0  # a rank waiting in a collective its peer never join
 SETUP_ATTEMPTS = 2  # launches of a check whose process group failed to form before the learner's code ran
 
 NOT_DONE = "not_done"
-NOT_DONE_HINT = "replace the `raise NotImplementedError(...)` line with your code, then run this cell again."
+NOT_DONE_HINT = "replace each `raise NotImplementedError()` line with your code, then run this cell again."
 
 
 @dataclass

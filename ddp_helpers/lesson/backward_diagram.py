@@ -38,7 +38,8 @@ def ddp_backward_events(names: Sequence[str], buckets: Sequence[Sequence[int]]) 
     home = {p: i for i, b in enumerate(buckets) for p in b}
     missing, launched = [len(b) for b in buckets], 0
     events = [(0, 1, "loss.backward()"), (1, 1, "gradients, last layer first; each\nfires Reducer::autograd_hook"
-                                            "\n-> mark_variable_ready: x 1/W,\ncopied into its bucket")]
+                                            "\n-> mark_variable_ready: copied\ninto its bucket, x 1/W only if\n"
+                                            "no comm hook is registered\n(allreduce_hook divides itself)")]
     for p in reversed(range(len(names))):
         events.append((1, 2, f"grad of {names[p]} -> bucket {home[p]}"))
         missing[home[p]] -= 1
@@ -90,7 +91,9 @@ def draw_ddp_backward(names: Sequence[str], buckets: Sequence[Sequence[int]]) ->
     launches = [t for _, b, t in events if b == 3]
     alt = (f"Sequence diagram, a schematic of the order of events, not timed: loss.backward() starts autograd, "
            f"which computes the {len(names)} gradients last layer first; for each, DDP's Reducer::autograd_hook "
-           f"calls mark_variable_ready, which copies it times 1/W into its bucket; {len(launches)} buckets "
+           f"calls mark_variable_ready, which copies it into its bucket (times 1/W when no communication hook is "
+           "registered; with torch's allreduce_hook the hook divides the bucket by W before its all-reduce); "
+           f"{len(launches)} buckets "
            "each launch an asynchronous all_reduce as soon as they are full, in bucket order; once the last is "
            "launched, mark_variable_ready queues finalize_backward with the engine's queue_callback; when the "
            "graph is done the engine runs finalize_backward, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -21,15 +22,18 @@ SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backw
 
 
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
-                 param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None) -> float:
+                 param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None,
+                 colors: Optional[Sequence[str]] = None) -> float:
     """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end.
     A single bucket is the one all-reduce of everything: it is labelled so, not numbered; with names (one
-    gradient per bucket) every send is labelled with its layer, slivers below the bar."""
+    gradient per bucket) every send is labelled with its layer, slivers below the bar. colors: each bucket's
+    (default: one per bucket, in turn)."""
     free, spans = 0.0, []
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
-        ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=SEND_COLORS[i % len(SEND_COLORS)])
+        color = colors[i] if colors is not None else SEND_COLORS[i % len(SEND_COLORS)]
+        ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=color)
         label = f"all {len(b)} gradients" if len(buckets) == 1 else f"{i}"
         if names is not None and len(buckets) > 1:
             spans.append((names[b[0]], start, start + length))
@@ -121,8 +125,9 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         if names is not None:
             _name_spans(ax, y_bwd, names, sizes)
         ready = [max(done[p] for p in b) for b in groups]
+        colors = _layer_colors(groups, names) if per_gradient and row == 1 else None
         ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
-                                   names if per_gradient else None)
+                                   names if per_gradient else None, colors)
         ax.axvline(ends[label], ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
                    ls="--", lw=0.8)
         ax.text(ends[label], y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
@@ -133,14 +138,35 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
     bottom = (f"{len(buckets)} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
               else f"{len(buckets)} buckets, each sent when its last gradient is ready")
     ax.set_title(f"top: one all-reduce after backward; bottom: {bottom}", fontsize=9)
-    handles = [Patch(color="#7f7f7f", label="backward computes one parameter's gradient (last layer first)"),
-               Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (label: its layer)" if per_gradient
-                     else "a bucket's all-reduce (number: the bucket)")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    _overlap_legend(fig, per_gradient, _layer_colors(buckets, names) if per_gradient else None)
     first = [names[p] for p in buckets[0]] if names is not None else None
     alt = _overlap_alt(len(param_bytes), len(buckets), first, ends["buckets"] / ends["one all-reduce after backward"],
                        per_gradient)
     return Diagram(fig, alt)
+
+
+def _layer_colors(groups: Sequence[Sequence[int]], names: Optional[Sequence[str]]) -> list:
+    """One colour per layer for per-gradient sends (a layer's weight and bias share it), never the first colour,
+    which is the top row's one all-reduce; without names, one per send, in turn."""
+    keys = [names[g[0]] if names is not None else i for i, g in enumerate(groups)]
+    order = list(dict.fromkeys(keys))
+    palette = SEND_COLORS[1:]
+    return [palette[order.index(k) % len(palette)] for k in keys]
+
+
+def _overlap_legend(fig: Figure, per_gradient: bool, send_colors: Optional[Sequence[str]]) -> None:
+    """The legend under draw_bucket_overlap: backward's grey, and what the coloured bars are."""
+    handles: list = [Patch(color="#7f7f7f")]
+    labels = ["backward computes one parameter's gradient (last layer first)"]
+    if per_gradient and send_colors:
+        handles += [Patch(color=SEND_COLORS[0]), tuple(Patch(color=c) for c in dict.fromkeys(send_colors))]
+        labels += ["top: one all-reduce of all the gradients",
+                   "bottom: one gradient's all-reduce (colour and label: its layer)"]
+    else:
+        handles.append(Patch(color=BUCKET_COLORS[0]))
+        labels.append("a bucket's all-reduce (number: the bucket)")
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False,
+               handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
 
 
 def _overlap_alt(n_params: int, n_sends: int, first: Optional[Sequence[str]], share: float, per_gradient: bool) -> str:

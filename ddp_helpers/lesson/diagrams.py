@@ -184,6 +184,8 @@ def ring_received(step: int, rank: int, world_size: int) -> Optional[int]:
 
 
 RING_BOX = (0.22, 0.78)  # a chunk's box inside its row: the gaps between rows hold the arrows
+RING_WRAP_X = -0.5  # where the arrow coming round the ring (last rank -> rank 0) begins, left of rank 0's boxes
+RING_MARGIN = 2.4  # room left of rank 0 and right of the last rank for the "from"/"to" labels of that arrow
 
 
 def ring_arrow_ends(w: int, rank: int, chunk: int, y: float) -> Tuple[Tuple[float, float], Tuple[float, float]]:
@@ -192,8 +194,8 @@ def ring_arrow_ends(w: int, rank: int, chunk: int, y: float) -> Tuple[Tuple[floa
     ring (last rank -> rank 0) starts in the left margin, parallel to the others."""
     head = (rank * (w + 1) + chunk + 0.46, y + RING_BOX[1])
     dx, dy = w + 1, (1 + RING_BOX[0]) - RING_BOX[1]
-    if rank == 0:  # cut where the left margin begins: the part of the arrow from the last rank's box
-        cut = min(1.0, (head[0] + 1.5) / dx)
+    if rank == 0:  # cut short of the left margin, which holds its "from rank W-1" label
+        cut = min(1.0, (head[0] - RING_WRAP_X) / dx)
         return (head[0] - cut * dx, head[1] + cut * dy), head
     return (head[0] - dx, head[1] + dy), head
 
@@ -203,12 +205,13 @@ def _ring_arrow(ax: Any, w: int, rank: int, chunk: int, y: float) -> None:
     tail, head = ring_arrow_ends(w, rank, chunk, y)
     style = dict(arrowstyle="-|>", mutation_scale=8, lw=0.9, color="#d62728", shrinkA=0, shrinkB=0)
     ax.add_patch(FancyArrowPatch(tail, head, **style))
-    if rank == 0:
-        ax.text(tail[0], tail[1] + 0.05, f"from rank {w - 1}", ha="left", va="bottom", fontsize=6, color="#d62728")
+    if rank == 0:  # the labels sit beyond the arrow's ends, in the margins, where no arrow or box runs
+        ax.text(tail[0] - 0.1, tail[1], f"from rank {w - 1}", ha="right", va="center", fontsize=6,
+                color="#d62728")
         sender = ((w - 1) * (w + 1) + chunk + 0.46, head[1] + (1 + RING_BOX[0]) - RING_BOX[1])
         end = (w * (w + 1) + 0.5, sender[1] - (w * (w + 1) + 0.5 - sender[0]) / (w + 1) * (sender[1] - head[1]))
         ax.add_patch(FancyArrowPatch(sender, end, **dict(style, arrowstyle="-")))
-        ax.text(end[0], end[1] - 0.05, "to rank 0", ha="right", va="top", fontsize=6, color="#d62728")
+        ax.text(end[0] + 0.1, end[1], "to rank 0", ha="left", va="center", fontsize=6, color="#d62728")
 
 
 def draw_ring(history: Sequence[Sequence[Sequence[float]]]) -> Diagram:
@@ -223,7 +226,7 @@ def draw_ring(history: Sequence[Sequence[Sequence[float]]]) -> Diagram:
     w, steps = h.shape[0], h.shape[1]
     start = h[:, 0, :]
     shades = ["#f7fbff", "#c6dbef", "#6baed6", "#2171b5", "#08306b", "#08306b", "#08306b", "#08306b"]
-    fig = Figure(figsize=(0.36 * (w * (w + 1) + 2.5), 0.55 * steps + 1.5), layout="constrained", dpi=DPI)
+    fig = Figure(figsize=(0.36 * (w * (w + 1) + 2 * RING_MARGIN + 0.5), 0.55 * steps + 1.5), layout="constrained", dpi=DPI)
     ax = fig.add_subplot()
     for s in range(steps):
         y = steps - 1 - s
@@ -244,7 +247,7 @@ def draw_ring(history: Sequence[Sequence[Sequence[float]]]) -> Diagram:
     ax.set_xticks([r * (w + 1) + w / 2 for r in range(w)], [f"rank {r}\n(chunks 0-{w - 1})" for r in range(w)],
                   fontsize=8)
     ax.xaxis.tick_top()
-    ax.set_xlim(-1.6, w * (w + 1) + 0.6)
+    ax.set_xlim(-RING_MARGIN, w * (w + 1) - 0.5 + RING_MARGIN)
     ax.set_ylim(-0.1, steps + 0.1)
     for side in ("right", "bottom", "left", "top"):
         ax.spines[side].set_visible(False)

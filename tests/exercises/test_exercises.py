@@ -96,7 +96,7 @@ def test_blank_says_not_done_yet(name, blanks, capsys):
     result = EXERCISES[name](blanks[name])
     printed = capsys.readouterr().out
     assert not result.passed and result.mistake == NOT_DONE and not result.done
-    assert printed == f"NOT DONE YET  {name}: replace the `raise NotImplementedError(...)` line with your code, " \
+    assert printed == f"NOT DONE YET  {name}: replace each `raise NotImplementedError()` line with your code, " \
                       "then run this cell again.\n"
     assert "Traceback" not in printed
 

@@ -126,7 +126,7 @@ def test_the_notebooks_blank_says_not_done_yet(name, capsys):
     capsys.readouterr()
     result = PRACTICE_EXERCISES[name](ns[_written(name)])
     assert result.mistake == NOT_DONE and not result.done
-    assert capsys.readouterr().out == (f"NOT DONE YET  {name}: replace the `raise NotImplementedError(...)` line "
+    assert capsys.readouterr().out == (f"NOT DONE YET  {name}: replace each `raise NotImplementedError()` line "
                                        "with your code, then run this cell again.\n")
 
 

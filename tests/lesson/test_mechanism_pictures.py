@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.patches import FancyArrowPatch, Rectangle
+from matplotlib.path import Path
 from matplotlib.text import Text
 
 from ddp_helpers import launch
@@ -115,3 +118,36 @@ def test_hook_overlap_labels_every_layer_and_its_top_bar():
     for layer in range(1, 7):  # on both backward bars and on the row of per-gradient all-reduces
         assert texts.count(f"layer {layer}") == 3
     assert "all 12 gradients" in texts and "0" not in texts
+
+
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_the_ring_labels_of_the_wrapping_arrow_touch_no_arrow_and_no_box(w):
+    history = np.arange(w * (2 * w - 1) * w, dtype=float).reshape(w, 2 * w - 1, w)  # only the layout counts
+    fig = draw_ring(history).figure
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in ax.texts if t.get_text().startswith(("from rank", "to rank"))]
+    assert len(labels) == 2 * (w - 1) * 2  # a "from" and a "to" for each of the 2(W-1) wraps
+    for label in labels:
+        box = label.get_window_extent(renderer).padded(-0.5)
+        for patch in ax.patches:
+            if isinstance(patch, FancyArrowPatch):
+                path = patch.get_transform().transform_path(patch.get_path())  # on the canvas
+                for line in path.to_polygons(closed_only=False):  # the shaft and the head, without a CLOSEPOLY
+                    assert not Path(line).intersects_bbox(box, filled=False), label.get_text()
+            elif isinstance(patch, Rectangle):
+                assert not patch.get_window_extent(renderer).overlaps(box), label.get_text()
+
+
+def test_per_gradient_sends_take_one_colour_per_layer_never_the_top_rows():
+    from ddp_helpers.lesson.ddp_diagrams import SEND_COLORS, _layer_colors
+
+    names = [f"layer {i // 2 + 1}" for i in range(12)]
+    sends = [[p] for p in reversed(range(12))]  # as draw_hook_overlap sends them: last gradient first
+    colors = _layer_colors(sends, names)
+    by_layer = {}
+    for (p,), color in zip(sends, colors):
+        by_layer.setdefault(names[p], set()).add(color)
+    assert all(len(c) == 1 for c in by_layer.values())  # a layer's weight and bias share a colour
+    assert len({c.pop() for c in by_layer.values()}) == 6 and SEND_COLORS[0] not in colors
