@@ -21,11 +21,12 @@ SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backw
 
 
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
-                 param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None) -> float:
-    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end.
+                 param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None) -> list:
+    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; each one's
+    (start, end).
     A single bucket is the one all-reduce of everything: it is labelled so, not numbered; with names (one
     gradient per bucket) every send is labelled with its layer, slivers below the bar."""
-    free, spans = 0.0, []
+    free, spans, sends = 0.0, [], []
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
@@ -36,9 +37,10 @@ def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Seq
         elif length > 0.025:  # a number on a sliver would run into its neighbours'
             ax.text(start + length / 2, y, label, ha="center", va="center", fontsize=8, color="white")
         free = start + length
+        sends.append((start, free))
     if spans:
         _label_spans(ax, y, _merge_spans(spans), below=True)
-    return free
+    return sends
 
 
 def _merge_spans(items: Sequence[tuple]) -> list:
@@ -54,21 +56,49 @@ def _merge_spans(items: Sequence[tuple]) -> list:
 
 def _label_spans(ax: Any, y: float, spans: Sequence[tuple], below: bool = False) -> None:
     """Label every name of a bar once: inside its span where that is wide enough, else beside it with a leader
-    line, staggered so that neighbouring labels don't collide (a sliver of a name labelled already is left)."""
+    line (a sliver of a name labelled already is left); _place_beside keeps those from colliding."""
     wide = {name for name, a, b in spans if b - a > 0.09}
-    outside, shown = 0, set()
+    beside, shown = [], set()
     for name, a, b in spans:
         if b - a > 0.09:
             ax.text((a + b) / 2, y, name, ha="center", va="center", fontsize=7, color="white")
-            continue
-        if name in wide or name in shown:
-            continue
-        shown.add(name)
-        outside += 1
-        sign, lift = (-1, "top") if below else (1, "bottom")
-        ax.annotate(name, xy=((a + b) / 2, y + 0.3 * sign), fontsize=7, ha="left", va=lift,
-                    xytext=((a + b) / 2 + 0.02, y + sign * (0.55 + 0.25 * (outside % 2))),
-                    arrowprops=dict(arrowstyle="-", lw=0.5))
+        elif name not in wide and name not in shown:
+            shown.add(name)
+            beside.append((name, (a + b) / 2))
+    _place_beside(ax, y, beside, below)
+
+
+def _place_beside(ax: Any, y: float, labels: Sequence[tuple], below: bool) -> None:
+    """Labels (name, x) above (or below) the bar at y with a straight leader to x. Slivers side by side
+    (11.bias, 11.weight, 9.bias) share one label, their names in time order; the labels are placed right to
+    left, each on the lower of two levels where it overlaps no label and its leader crosses none."""
+    if not labels:
+        return
+    groups: list = []
+    for name, x in labels:
+        if groups and x - groups[-1][-1][1] < 0.05:  # next to the one before: one label for both
+            groups[-1].append((name, x))
+        else:
+            groups.append([(name, x)])
+    sign, va = (-1, "top") if below else (1, "bottom")
+    ax.figure.draw_without_rendering()  # the layout as drawn, so that a label's width is known in data units
+    to_data = ax.transData.inverted()
+    placed: list = [[], []]  # per level: the (start, end) of its labels
+    for group in reversed(groups):
+        x = (group[0][1] + group[-1][1]) / 2
+        text = ax.annotate(", ".join(n for n, _ in group), xy=(x, y + 0.3 * sign), fontsize=7, ha="left",
+                           va=va, xytext=(x, y), arrowprops=dict(arrowstyle="-", lw=0.5))
+        box = text.get_window_extent()
+        width = 1.1 * (to_data.transform((box.x1, 0))[0] - to_data.transform((box.x0, 0))[0])  # to spare
+        span = (x + 0.01, x + 0.01 + width)
+
+        def fits(level: int) -> bool:
+            free = all(span[1] < a or span[0] > b for a, b in placed[level])
+            return free and all(not a <= x <= b for low in placed[:level] for a, b in low)
+
+        level = next((k for k in range(2) if fits(k)), 1)
+        text.set_position((span[0], y + sign * (0.55 + 0.25 * level)))
+        placed[level].append(span)
 
 
 def _name_spans(ax: Any, y: float, names: Sequence[str], sizes: Sequence[float]) -> None:
@@ -111,7 +141,8 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         done[p] = t
     fig = Figure(figsize=(8, 3.2), layout="constrained", dpi=DPI)
     ax = fig.add_subplot()
-    ends = {}
+    _overlap_axes(fig, ax, len(buckets), comm_per_compute, per_gradient)  # first: labels are placed in its layout
+    sends = {}
     for row, (label, groups) in enumerate((("one all-reduce after backward", [order]), ("buckets", buckets))):
         y_bwd, y_comm = 3.2 - 2.2 * row, 2.5 - 2.2 * row
         start = 0.0
@@ -121,37 +152,53 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         if names is not None:
             _name_spans(ax, y_bwd, names, sizes)
         ready = [max(done[p] for p in b) for b in groups]
-        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
-                                   names if per_gradient else None)
-        ax.axvline(ends[label], ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
+        sends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
+                                    names if per_gradient else None)
+        end = sends[label][-1][1]
+        ax.axvline(end, ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
                    ls="--", lw=0.8)
-        ax.text(ends[label], y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
+        ax.text(end, y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
+    first = [names[p] for p in buckets[0]] if names is not None else None
+    share = sends["buckets"][-1][1] / sends["one all-reduce after backward"][-1][1]
+    alt = _overlap_alt(len(param_bytes), sends["buckets"], first, share, per_gradient)
+    return Diagram(fig, alt)
+
+
+def _overlap_axes(fig: Figure, ax: Any, n_sends: int, comm_per_compute: float, per_gradient: bool) -> None:
+    """draw_bucket_overlap's axes, title and legend; the time axis fixed, from 0 to past the longest row's end."""
     ax.set_yticks([3.2, 2.5, 1.0, 0.3], ["backward", "all-reduce", "backward", "all-reduces"], fontsize=8)
     ax.set_ylim(-0.9 if per_gradient else -0.6, 4.4)
+    # backward takes 1 (the bytes, normalized), the one all-reduce after it comm_per_compute; room for a label
+    ax.set_xlim(-0.03, (1 + comm_per_compute) * 1.17)
     ax.set_xlabel("time (schematic: in proportion to the bytes of each gradient)", fontsize=8)
     ax.set_xticks([])
-    bottom = (f"{len(buckets)} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
-              else f"{len(buckets)} buckets, each sent when its last gradient is ready")
+    bottom = (f"{n_sends} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
+              else f"{n_sends} buckets, each sent when full, after the one before it")
     ax.set_title(f"top: one all-reduce after backward; bottom: {bottom}", fontsize=9)
     handles = [Patch(color="#7f7f7f", label="backward computes one parameter's gradient (last layer first)"),
                Patch(color=BUCKET_COLORS[0], label="one gradient's all-reduce (label: its layer)" if per_gradient
                      else "a bucket's all-reduce (number: the bucket)")]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
-    first = [names[p] for p in buckets[0]] if names is not None else None
-    alt = _overlap_alt(len(param_bytes), len(buckets), first, ends["buckets"] / ends["one all-reduce after backward"],
-                       per_gradient)
-    return Diagram(fig, alt)
 
 
-def _overlap_alt(n_params: int, n_sends: int, first: Optional[Sequence[str]], share: float, per_gradient: bool) -> str:
-    """draw_bucket_overlap's alt text: what the two rows show, and the bottom row's time as a share of the top's."""
-    bottom = (f"Bottom: each of the {n_sends} gradients has an all-reduce of its own, started as soon as backward has "
-              "produced it, while backward computes the earlier layers, so when backward ends only the transfers "
-              "still queued are left, and the step can " if per_gradient else
-              f"Bottom: the gradients go into {n_sends} buckets" + (f" (the first holds {', '.join(first)})" if first
-                                                                  else "") +
-              "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes the "
-              "earlier layers, so only the last bucket's transfer is left when backward ends, and the step can ")
+def _overlap_alt(n_params: int, sends: Sequence[tuple], first: Optional[Sequence[str]], share: float,
+                 per_gradient: bool) -> str:
+    """draw_bucket_overlap's alt text: what the two rows show, and the bottom row's time as a share of the top's.
+    sends: each bottom-row all-reduce's (start, end); backward ends at 1."""
+    n_sends = len(sends)
+    if per_gradient:
+        bottom = (f"Bottom: each of the {n_sends} gradients has an all-reduce of its own, started as soon as backward "
+                  "has produced it, while backward computes the earlier layers, so when backward ends only the "
+                  "transfers still queued are left, and the step can ")
+    else:
+        early = sum(start < 1 - 1e-9 for start, _ in sends)
+        during = ("none starts before backward ends" if early == 0 else
+                  f"{early} of them {'starts' if early == 1 else 'start'} while backward still computes the "
+                  f"earlier layers, the other {n_sends - early} after backward has ended")
+        bottom = (f"Bottom: the gradients go into {n_sends} buckets"
+                  + (f" (the first holds {', '.join(first)})" if first else "")
+                  + "; a bucket's all-reduce starts once its last gradient is ready and the all-reduce of the "
+                  f"bucket before it has finished (one link, one bucket at a time): {during}. The step can ")
     return (f"Schematic of one backward pass, twice. Top: backward computes all {n_params} gradients, last layer "
             "first, and only then one all-reduce sends them all, so the whole transfer adds to the step. " + bottom
             + f"go on sooner ({share:.0%} of the time of the top row in this schematic).")
