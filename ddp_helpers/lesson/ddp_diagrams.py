@@ -23,12 +23,13 @@ SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backw
 
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
                  param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None,
-                 colors: Optional[Sequence[str]] = None) -> float:
-    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; their end.
+                 colors: Optional[Sequence[str]] = None) -> list:
+    """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; each one's
+    (start, end).
     A single bucket is the one all-reduce of everything: it is labelled so, not numbered; with names (one
     gradient per bucket) every send is labelled with its layer, slivers below the bar. colors: each bucket's
     (default: one per bucket, in turn)."""
-    free, spans = 0.0, []
+    free, spans, sends = 0.0, [], []
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
@@ -40,9 +41,10 @@ def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Seq
         elif length > 0.025:  # a number on a sliver would run into its neighbours'
             ax.text(start + length / 2, y, label, ha="center", va="center", fontsize=8, color="white")
         free = start + length
+        sends.append((start, free))
     if spans:
         _label_spans(ax, y, _merge_spans(spans), below=True)
-    return free
+    return sends
 
 
 def _merge_spans(items: Sequence[tuple]) -> list:
@@ -57,22 +59,104 @@ def _merge_spans(items: Sequence[tuple]) -> list:
 
 
 def _label_spans(ax: Any, y: float, spans: Sequence[tuple], below: bool = False) -> None:
-    """Label every name of a bar once: inside its span where that is wide enough, else beside it with a leader
-    line, staggered so that neighbouring labels don't collide (a sliver of a name labelled already is left)."""
-    wide = {name for name, a, b in spans if b - a > 0.09}
-    outside, shown = 0, set()
+    """Label every name of a bar once, per parameter where the labels fit without touching, else per layer
+    ("9.*" for 9.weight and 9.bias): inside its span where the name fits, else beside it with a leader line."""
+    ax.figure.draw_without_rendering()  # the layout as drawn, so that a label's width is known in data units
+    layers = _merge_spans([(n.rsplit(".", 1)[0] + ".*" if "." in n else n, a, b) for n, a, b in spans])
+    for attempt, last in ((spans, False), (layers, True)):
+        drawn = _draw_labels(ax, y, attempt, below, force=last)
+        if drawn is not None:
+            return
+
+
+def _draw_labels(ax: Any, y: float, spans: Sequence[tuple], below: bool, force: bool) -> Optional[list]:
+    """The labels of spans (inside, or beside: _place_beside); None, with nothing left drawn, where the ones
+    beside would crowd (unless force)."""
+    inside, drawn = set(), []
     for name, a, b in spans:
-        if b - a > 0.09:
-            ax.text((a + b) / 2, y, name, ha="center", va="center", fontsize=7, color="white")
-            continue
-        if name in wide or name in shown:
-            continue
-        shown.add(name)
-        outside += 1
-        sign, lift = (-1, "top") if below else (1, "bottom")
-        ax.annotate(name, xy=((a + b) / 2, y + 0.3 * sign), fontsize=7, ha="left", va=lift,
-                    xytext=((a + b) / 2 + 0.02, y + sign * (0.55 + 0.25 * (outside % 2))),
-                    arrowprops=dict(arrowstyle="-", lw=0.5))
+        text = ax.text((a + b) / 2, y, name, ha="center", va="center", fontsize=7, color="white")
+        if name not in inside and _data_width(ax, text) < 0.92 * (b - a):
+            inside.add(name)
+            drawn.append(text)
+        else:
+            text.remove()
+    beside, shown = [], set()
+    for name, a, b in spans:
+        if name not in inside and name not in shown:
+            shown.add(name)
+            beside.append((name, (a + b) / 2))
+    placed = _place_beside(ax, y, beside, below, force)
+    if placed is None:
+        for text in drawn:
+            text.remove()
+        return None
+    return drawn + placed
+
+
+def _data_width(ax: Any, text: Any) -> float:
+    """How wide a text is drawn, in ax's data units (the layout drawn already)."""
+    box = text.get_window_extent()
+    to_data = ax.transData.inverted()
+    return float(to_data.transform((box.x1, 0))[0] - to_data.transform((box.x0, 0))[0])
+
+
+def _place_beside(ax: Any, y: float, labels: Sequence[tuple], below: bool, force: bool) -> Optional[list]:
+    """Labels (name, x) above (or below) the bar at y, on two levels, with a straight leader to x; slivers side
+    by side (11.bias, 11.weight, 9.bias) share one label, their names in time order. No label overlaps another:
+    where they can't all stand with straight leaders, None (nothing drawn), or with force, leaders that slant."""
+    groups: list = []
+    for name, x in labels:
+        if groups and x - groups[-1][0][1] < 0.07:  # near the group's first: one label for them
+            groups[-1].append((name, x))
+        else:
+            groups.append([(name, x)])
+    sign, va = (-1, "top") if below else (1, "bottom")
+    items = []
+    for group in groups:
+        x = (group[0][1] + group[-1][1]) / 2
+        text = ax.annotate(", ".join(n for n, _ in group), xy=(x, y + 0.3 * sign), fontsize=7, ha="left",
+                           va=va, xytext=(x, y), arrowprops=dict(arrowstyle="-", lw=0.5))
+        items.append((text, x, 1.1 * _data_width(ax, text)))  # a tenth to spare
+    spots = _spots_uncrossed(items)
+    if spots is None and not force:
+        for text, _, _ in items:
+            text.remove()
+        return None
+    for (text, _, _), (start, level) in zip(items, spots or _spots_pushed(items)):
+        text.set_position((start, y + sign * (0.55 + 0.25 * level)))
+    return [text for text, _, _ in items]
+
+
+def _spots_uncrossed(items: Sequence[tuple]) -> Optional[list]:
+    """(start, level) per label, placed right to left: each on the lower of two levels where it overlaps no label
+    and its leader (straight up from x) crosses none; None where some label finds no such place."""
+    placed: list = [[], []]  # per level: the (start, end) of its labels
+    spots = []
+    for _, x, width in reversed(items):
+        start, end = x + 0.01, x + 0.01 + width
+
+        def fits(level: int) -> bool:
+            free = all(end < a or start > b for a, b in placed[level])
+            return free and all(not a <= x <= b for low in placed[:level] for a, b in low)
+
+        level = next((k for k in range(2) if fits(k)), None)
+        if level is None:
+            return None
+        placed[level].append((start, end))
+        spots.append((start, level))
+    return spots[::-1]
+
+
+def _spots_pushed(items: Sequence[tuple]) -> list:
+    """(start, level) per label, left to right, where too many crowd for _spots_uncrossed: each on the level
+    where it can start soonest, moved right past the labels there (leaders then slant, and may cross)."""
+    ends, spots = [float("-inf"), float("-inf")], []
+    for _, x, width in items:
+        starts = [max(x + 0.01, end + 0.01) for end in ends]
+        level = min(range(2), key=lambda k: (starts[k], k))
+        ends[level] = starts[level] + width
+        spots.append((starts[level], level))
+    return spots
 
 
 def _name_spans(ax: Any, y: float, names: Sequence[str], sizes: Sequence[float]) -> None:
@@ -115,7 +199,9 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         done[p] = t
     fig = Figure(figsize=(8, 3.2), layout="constrained", dpi=DPI)
     ax = fig.add_subplot()
-    ends = {}
+    layer_colors = _layer_colors(buckets, names) if per_gradient else None
+    _overlap_axes(fig, ax, len(buckets), comm_per_compute, layer_colors)  # first: labels are placed in its layout
+    sends = {}
     for row, (label, groups) in enumerate((("one all-reduce after backward", [order]), ("buckets", buckets))):
         y_bwd, y_comm = 3.2 - 2.2 * row, 2.5 - 2.2 * row
         start = 0.0
@@ -125,24 +211,33 @@ def draw_bucket_overlap(param_bytes: Sequence[int], buckets: Sequence[Sequence[i
         if names is not None:
             _name_spans(ax, y_bwd, names, sizes)
         ready = [max(done[p] for p in b) for b in groups]
-        colors = _layer_colors(groups, names) if per_gradient and row == 1 else None
-        ends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
-                                   names if per_gradient else None, colors)
-        ax.axvline(ends[label], ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
+        sends[label] = _bucket_rows(ax, y_comm, groups, ready, sizes, comm_per_compute,
+                                    names if per_gradient else None, layer_colors if row == 1 else None)
+        end = sends[label][-1][1]
+        ax.axvline(end, ymin=(y_comm - 0.5 + 0.6) / 4.6, ymax=(y_bwd + 0.5 + 0.6) / 4.6, color="black",
                    ls="--", lw=0.8)
-        ax.text(ends[label], y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
+        ax.text(end, y_bwd + 0.4, " step can go on", fontsize=7, va="bottom")
+    first = [names[p] for p in buckets[0]] if names is not None else None
+    share = sends["buckets"][-1][1] / sends["one all-reduce after backward"][-1][1]
+    alt = _overlap_alt(len(param_bytes), sends["buckets"], first, share, per_gradient)
+    return Diagram(fig, alt)
+
+
+def _overlap_axes(fig: Figure, ax: Any, n_sends: int, comm_per_compute: float,
+                  layer_colors: Optional[Sequence[str]]) -> None:
+    """draw_bucket_overlap's axes, title and legend; the time axis fixed, from 0 to past the longest row's end.
+    layer_colors: the per-gradient sends' colours (None: buckets)."""
+    per_gradient = layer_colors is not None
     ax.set_yticks([3.2, 2.5, 1.0, 0.3], ["backward", "all-reduce", "backward", "all-reduces"], fontsize=8)
     ax.set_ylim(-0.9 if per_gradient else -0.6, 4.4)
+    # backward takes 1 (the bytes, normalized), the one all-reduce after it comm_per_compute; room for a label
+    ax.set_xlim(-0.03, (1 + comm_per_compute) * 1.17)
     ax.set_xlabel("time (schematic: in proportion to the bytes of each gradient)", fontsize=8)
     ax.set_xticks([])
-    bottom = (f"{len(buckets)} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
-              else f"{len(buckets)} buckets, each sent when its last gradient is ready")
+    bottom = (f"{n_sends} all-reduces, one per gradient, each sent as soon as it is ready" if per_gradient
+              else f"{n_sends} buckets, each sent when full, after the one before it")
     ax.set_title(f"top: one all-reduce after backward; bottom: {bottom}", fontsize=9)
-    _overlap_legend(fig, per_gradient, _layer_colors(buckets, names) if per_gradient else None)
-    first = [names[p] for p in buckets[0]] if names is not None else None
-    alt = _overlap_alt(len(param_bytes), len(buckets), first, ends["buckets"] / ends["one all-reduce after backward"],
-                       per_gradient)
-    return Diagram(fig, alt)
+    _overlap_legend(fig, per_gradient, layer_colors)
 
 
 def _layer_colors(groups: Sequence[Sequence[int]], names: Optional[Sequence[str]]) -> list:
@@ -169,15 +264,24 @@ def _overlap_legend(fig: Figure, per_gradient: bool, send_colors: Optional[Seque
                handler_map={tuple: HandlerTuple(ndivide=None, pad=0)})
 
 
-def _overlap_alt(n_params: int, n_sends: int, first: Optional[Sequence[str]], share: float, per_gradient: bool) -> str:
-    """draw_bucket_overlap's alt text: what the two rows show, and the bottom row's time as a share of the top's."""
-    bottom = (f"Bottom: each of the {n_sends} gradients has an all-reduce of its own, started as soon as backward has "
-              "produced it, while backward computes the earlier layers, so when backward ends only the transfers "
-              "still queued are left, and the step can " if per_gradient else
-              f"Bottom: the gradients go into {n_sends} buckets" + (f" (the first holds {', '.join(first)})" if first
-                                                                  else "") +
-              "; each bucket's all-reduce starts as soon as its last gradient is ready, while backward computes the "
-              "earlier layers, so only the last bucket's transfer is left when backward ends, and the step can ")
+def _overlap_alt(n_params: int, sends: Sequence[tuple], first: Optional[Sequence[str]], share: float,
+                 per_gradient: bool) -> str:
+    """draw_bucket_overlap's alt text: what the two rows show, and the bottom row's time as a share of the top's.
+    sends: each bottom-row all-reduce's (start, end); backward ends at 1."""
+    n_sends = len(sends)
+    if per_gradient:
+        bottom = (f"Bottom: each of the {n_sends} gradients has an all-reduce of its own, started as soon as backward "
+                  "has produced it, while backward computes the earlier layers, so when backward ends only the "
+                  "transfers still queued are left, and the step can ")
+    else:
+        early = sum(start < 1 - 1e-9 for start, _ in sends)
+        during = ("none starts before backward ends" if early == 0 else
+                  f"{early} of them {'starts' if early == 1 else 'start'} while backward still computes the "
+                  f"earlier layers, the other {n_sends - early} after backward has ended")
+        bottom = (f"Bottom: the gradients go into {n_sends} buckets"
+                  + (f" (the first holds {', '.join(first)})" if first else "")
+                  + "; a bucket's all-reduce starts once its last gradient is ready and the all-reduce of the "
+                  f"bucket before it has finished (one link, one bucket at a time): {during}. The step can ")
     return (f"Schematic of one backward pass, twice. Top: backward computes all {n_params} gradients, last layer "
             "first, and only then one all-reduce sends them all, so the whole transfer adds to the step. " + bottom
             + f"go on sooner ({share:.0%} of the time of the top row in this schematic).")

@@ -46,9 +46,10 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
 
     For each rank: forward (light grey), backward up to the last bucket's hand-over, i.e. computing gradients
     (dark grey), then backward waiting for the last all-reduces (hatched); below, one bar per bucket from the
-    moment DDP handed it to the hook to the moment the callback chained to its future ran (bucket index beside
-    the bar); a black line, one style per rank, where the rank's backward() returned. The panels share one time axis, so bars of the
-    same length take the same time in every panel; a legend below says what each mark stands for.
+    moment DDP handed it to the hook to the moment the callback chained to its future ran (bucket index left
+    of the bar); a black line over the rank's own rows, one style per rank, where its backward() returned. The
+    panels share one time axis, so bars of the same length take the same time in every panel; a legend below
+    says what each mark stands for.
     """
     if not panels:
         raise ValueError("plot_timeline needs at least one panel: {title: [record of rank 0, record of rank 1, ...]}")
@@ -78,11 +79,14 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
                 y = y_compute - 0.45 * (lane + 1)
                 ax.broken_barh([(b["handed"] * scale, (b["done"] - b["handed"]) * scale)], (y, 0.38),
                                color=BUCKET_COLORS[b["index"] % len(BUCKET_COLORS)], alpha=0.9)
-                ax.text(b["done"] * scale, y + 0.19, f" {b['index']}", ha="left", va="center", fontsize=9,
+                # the number left of the bar: right of it, a rank's backward() line can fall on it
+                ax.text(b["handed"] * scale, y + 0.19, f"{b['index']} ", ha="right", va="center", fontsize=9,
                         fontweight="bold")
             if rec["buckets"]:
                 ticks.append((y_compute - 0.45 * (len(rec["buckets"]) + 1) / 2 + 0.19, f"rank {rank}: buckets"))
-            ax.axvline(m["backward_end"] * scale, color="black", lw=1.2, ls=RANK_LINES[rank % len(RANK_LINES)])
+            # over this rank's rows only, so that it crosses no other rank's bars or numbers
+            ax.plot([m["backward_end"] * scale] * 2, [y_compute - 0.45 * len(rec["buckets"]), y_compute + 0.8],
+                    color="black", lw=1.2, ls=RANK_LINES[rank % len(RANK_LINES)])
         pos, names = zip(*ticks)
         ax.set_yticks(pos, names, fontsize=8)
         ax.set_title(title, fontsize=9)
