@@ -7,6 +7,7 @@ import os
 import pickle
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from ..common.errors import ConfigError
@@ -168,13 +169,12 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     watch = SharedWatch(_sendable(fn, args, method)) if watch_shared else None  # said now, before any starts
     own_dir = run_dir is None
     run_dir = new_run_dir() if own_dir else run_dir
-    mark = os.path.basename(run_dir.rstrip(os.sep))
+    plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group, run_dir,
+                      on_poll, poll_s)
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
     with EndOnSignals():
         try:
-            return _launch(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
-                           run_dir, mark, Deferred((fn, args)), procs, on_poll, poll_s,
-                           echo_for(run_dir, world_size, quiet))
+            return _launch(plan, Deferred((fn, args)), procs, echo_for(run_dir, world_size, quiet))
         finally:
             if own_dir:
                 remove_run_dir(run_dir)
@@ -197,26 +197,48 @@ def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
                           "made from") from None
 
 
-def _launch(method: str, world_size: int, backend: str, host: str, port: int, timeout_s: float, threads: int,
-            bind_cores: Optional[bool], init_group: bool, run_dir: str, mark: str, payload: Deferred,
-            procs: List[Any], on_poll: Optional[Callable[[], None]], poll_s: float,
-            echo: Optional[LaunchEcho]) -> List[Any]:
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one launch runs, its arguments checked and resolved (as torch's LaunchConfig is for elastic_launch)."""
+
+    method: str  # the start method, resolved: "forkserver", "spawn" or "fork"
+    world_size: int
+    backend: str  # resolved: "gloo" or "nccl"
+    host: str
+    port: int  # 0: a free one
+    timeout_s: float
+    threads: int  # per rank
+    bind_cores: Optional[bool]
+    init_group: bool
+    run_dir: str
+    on_poll: Optional[Callable[[], None]]
+    poll_s: float
+
+    @property
+    def mark(self) -> str:
+        """The launch's mark, in every rank's environment: its run folder's name."""
+        return os.path.basename(self.run_dir.rstrip(os.sep))
+
+
+def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optional[LaunchEcho]) -> List[Any]:
     """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
     listener = store = None
+    world_size, mark = plan.world_size, plan.mark
     before = PidsBefore()  # what a rank starts is among the processes that appear from now on
     try:
         # Bound before the ranks start (its port is part of their environment); it listens, with a TCP store
         # behind it, only for a function that joins through env:// itself (init_group=False).
-        listener = _listen(host, port, listen=not init_group)
-        env = {**launched_env(world_size, host, listener.getsockname()[1], f"ddp_helpers-{mark}", threads),
+        listener = _listen(plan.host, plan.port, listen=not plan.init_group)
+        env = {**launched_env(world_size, plan.host, listener.getsockname()[1], f"ddp_helpers-{mark}", plan.threads),
                LAUNCH_MARK: mark}
-        spec = RankSpec(dict(os.environ), env, run_dir, backend, timeout_s, threads, bind_cores, init_group)
-        context = _start_ranks(method, world_size, spec, payload, procs)
-        if not init_group:
+        spec = RankSpec(dict(os.environ), env, plan.run_dir, plan.backend, plan.timeout_s, plan.threads,
+                        plan.bind_cores, plan.init_group)
+        context = _start_ranks(plan.method, world_size, spec, payload, procs)
+        if not plan.init_group:
             # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
             # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
-            store = serve_store(listener, host, world_size, timeout_s)
-        outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s, echo)
+            store = serve_store(listener, plan.host, world_size, plan.timeout_s)
+        outputs = _supervise(context, plan.method, plan.run_dir, world_size, plan.on_poll, plan.poll_s, echo)
     except KeyboardInterrupt:
         end_launch(procs, mark, wait_s=0.0, before=before)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
