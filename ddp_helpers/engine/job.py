@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..common.files import free_text
-from ..ranks.procs import peak_rss_bytes
+from ..ranks.lifetime import peak_rss_bytes
 from .checkpoint import check_checkpoint_room, check_resume
 from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig, validate
 from ..data import DataSplits

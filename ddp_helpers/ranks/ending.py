@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, FrozenSet, Iterator, List, Optional
 
-from .procs import kill_group
+from .lifetime import kill_group
 
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 LAUNCH_MARK = "DDP_HELPERS_LAUNCH"  # in every rank's environment, so in everything a rank starts

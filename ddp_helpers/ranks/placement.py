@@ -9,7 +9,7 @@ import socket
 from typing import Any, Optional
 
 from ..common.errors import ConfigError
-from .procs import binding_plan, cpu_budget
+from .cores import binding_plan, cpu_budget
 
 
 def _bad(setting: str, value: Any, accepted: str) -> ConfigError:

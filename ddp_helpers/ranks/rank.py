@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from .env import RankEnv, RankSpec, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
-from .procs import bind_this_thread, binding_plan, kill_descendants
+from .cores import bind_this_thread, binding_plan
+from .lifetime import kill_descendants
 from .ranklog import capture_output
 from .report import error_report, value_report
 

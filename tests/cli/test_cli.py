@@ -209,7 +209,7 @@ def test_cli_plain_bool_flag_refuses_auto(capsys):
 
 def test_default_threads_follow_the_usable_cores(monkeypatch):
     import ddp_helpers.ranks.placement as C
-    import ddp_helpers.ranks.procs as P
+    import ddp_helpers.ranks.cores as P
 
     monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
     monkeypatch.setattr(P, "cpu_quota", lambda: None)
