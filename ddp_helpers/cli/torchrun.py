@@ -20,6 +20,7 @@ try:
 except ImportError:  # Windows: no flock; a dead peer is not told from a live one
     fcntl = None  # type: ignore[assignment]
 
+from ..common.errors import setting
 from ..engine.config import ConfigError, TrainConfig
 from .outputs import say, write_outputs
 
@@ -238,7 +239,7 @@ def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int) -> Any:
         try:
             data = load_data(cfg, quiet=rank != 0)
         except DataError as e:
-            error = str(e)
+            error = e.marked  # its settings still marked: the command line names them as flags
     errors: List[Optional[str]] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     first = next((e for e in errors if e is not None), None)
@@ -258,9 +259,10 @@ def _check_same_start(start_step: int) -> None:
     steps: List[Optional[int]] = [None] * dist.get_world_size()
     dist.all_gather_object(steps, start_step)
     if len(set(steps)) > 1:
-        raise ConfigError(f"TrainConfig.resume_from is not accepted: the ranks would resume from different steps "
-                          f"({', '.join(f'rank {r}: {s}' for r, s in enumerate(steps))}); put checkpoint_dir on a "
-                          "file system that every node reads, or give every node the same checkpoint file")
+        raise ConfigError(f"{setting('resume_from', owner='TrainConfig')} is not accepted: the ranks would resume "
+                          f"from different steps ({', '.join(f'rank {r}: {s}' for r, s in enumerate(steps))}); put "
+                          f"{setting('checkpoint_dir')} on a file system that every node reads, or give every node "
+                          "the same checkpoint file")
 
 
 def _gather_rows(job: Any, rank: int) -> List[int]:
@@ -316,8 +318,7 @@ def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, s
     if summary.get("checkpoint_error"):  # the training finished and its result is written: say what is missing
         from ..engine.checkpoint import CheckpointError
 
-        raise CheckpointError(f"{summary['checkpoint_error']}; the training finished, and "
-                              f"{os.path.join(out, 'result.json')} holds its result", result)
+        raise CheckpointError(summary["checkpoint_error"], result, holder=os.path.join(out, "result.json"))
     return result
 
 

@@ -7,16 +7,17 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..common.errors import one_line
+from ..common.errors import SaysSettings, render
 from ..common.shared import guard
 
 
 
-class DataError(RuntimeError):
+class DataError(SaysSettings, RuntimeError):
     """A data file is missing or unreadable; the message says which, where, and how to get it (on one line)."""
 
     def __init__(self, message: object = "", *rest: object):
-        super().__init__(one_line(str(message)), *rest)
+        self.marked = str(message)
+        super().__init__(render(self.marked), *rest)
 
 
 class CachedDataChanged(UserWarning):

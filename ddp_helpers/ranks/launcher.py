@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import import_torch
 from .arguments import check_flags, check_launch_arguments
 from .boot import rank_main
@@ -58,8 +58,12 @@ def window_s(name: str) -> float:
     return value
 
 
-class LaunchError(RuntimeError):
+class LaunchError(SaysSettings, RuntimeError):
     """The ranks could not be started as asked (raised before any process starts)."""
+
+    def __init__(self, message: object = "", *rest: object):
+        self.marked = str(message)
+        super().__init__(render(self.marked), *rest)
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -78,15 +82,15 @@ class LaunchInterrupted(KeyboardInterrupt):
 def check_start_method(start_method: str) -> str:
     """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
     if not isinstance(start_method, str) or start_method not in START_METHODS:
-        raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
+        raise refused("start_method", start_method, f"one of {START_METHODS}", owner="launch()")
     method = resolve_start_method(start_method)
     if method not in multiprocessing.get_all_start_methods():
-        raise LaunchError(f"start_method={start_method!r} is not available on {sys.platform}; use "
-                          "start_method='auto' (forkserver where available, else spawn)")
+        raise LaunchError(f"{setting('start_method', start_method)} is not available on {sys.platform}; use "
+                          f"{setting('start_method', 'auto')} (forkserver where available, else spawn)")
     if method == "fork" and _cuda_initialized():
-        raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
-                          "forked child can't use it. Use start_method='auto' (the default), which starts the ranks "
-                          "from a clean server process")
+        raise LaunchError(f"{setting('start_method', 'fork')} refused: CUDA is already initialized in this "
+                          f"process and a forked child can't use it. Use {setting('start_method', 'auto')} (the "
+                          "default), which starts the ranks from a clean server process")
     if method != "fork":
         _check_main_module(method)
     return method
@@ -105,17 +109,17 @@ def _check_main_module(method: str) -> None:
         return  # python -m package.module: re-imported by name
     path = getattr(main, "__file__", None)  # None in Jupyter, the REPL and python -c: nothing is re-imported
     if path is not None and not os.path.isfile(path):
-        raise LaunchError(f"start_method={method!r} can't start ranks from a program read from {path}: each rank "
-                          "re-imports the main program from its file. Save the code to a file and run that")
+        raise LaunchError(f"{setting('start_method', method)} can't start ranks from a program read from {path}: "
+                          "each rank re-imports the main program from its file. Save the code to a file and run that")
 
 
 def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s: float = 60.0) -> str:
     """Everything that can be refused before a process starts (but the start method); returns the backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
-    check_timeout(timeout_s, "launch(timeout_s={})")
+    check_timeout(timeout_s, owner="launch()")
     backend = resolve_backend(backend, world_size)
-    check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
+    check_address(host, port, owner="launch()", names=("host", "port"))
     for name in ("SERVER_EXIT_S", "SETTLE_S"):
         window_s(name)  # a bad DDP_HELPERS_ override is said now, not in the middle of a failure
     return backend
@@ -123,10 +127,10 @@ def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s:
 
 def _check_binding(world_size: int, threads: int, backend: str, bind_cores: Optional[bool]) -> None:
     try:
-        check_binding(world_size, threads, backend, bind_cores, setting="launch(bind_cores={})")
+        check_binding(world_size, threads, backend, bind_cores, owner="launch()")
     except ConfigError as e:
-        raise LaunchError(f"{e}. Use bind_cores=None to bind only when possible, or fewer ranks or "
-                          "threads_per_rank") from None
+        raise LaunchError(f"{e.marked}. Use {setting('bind_cores', None)} to bind only when possible, or fewer ranks "
+                          f"or {setting('threads_per_rank')}") from None
 
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
