@@ -9,6 +9,7 @@ rows it can see: the rows are in their files already, so none recorded before th
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -96,8 +97,6 @@ def remove_if_last(run_dir: str) -> None:
     """Remove the run folder once no local rank holds it (B5: a failed job leaves nothing): this process's hold
     is dropped, and the folder goes only if an exclusive lock is then free, so a peer that still needs the
     rows in it keeps it, and the last rank out removes it."""
-    import shutil
-
     from ..ranks.cleanup import LOCK, release
 
     release(run_dir)
@@ -287,8 +286,6 @@ def _gather_rows(job: Any, rank: int) -> List[int]:
 def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, start_step: int, out: str,
                    plots: bool, t_launch: float, run_dir: str) -> Optional[object]:
     """A torchrun rank's work inside its group: this node's data, the loop, the result on rank 0."""
-    import shutil
-
     from ..engine import worker
     from ..engine.job import Job
     from ..ranks.env import RankEnv

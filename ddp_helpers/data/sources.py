@@ -5,8 +5,10 @@ import functools
 import gzip
 import os
 import shutil
+import socket
 import sys
 from typing import Any, Optional, Tuple
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -304,9 +306,6 @@ def load_torchvision_mnist(root: str) -> DataSplits:
 def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
     """Can we open a TCP connection to any download mirror? Offline this answers in seconds, where
     torchvision's own attempts take ~30 s to give up."""
-    import socket
-    from urllib.parse import urlparse
-
     for url in mirrors:
         u = urlparse(url)
         try:

@@ -2,6 +2,7 @@
 check, the step plan, the size of each rank's tables, and the TrainResult read from the run folder at the end."""
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -49,8 +50,6 @@ def table_shape(cfg: TrainConfig, plan: StepPlan, params: int) -> TableShape:
 
 def check_table_size(cfg: TrainConfig, shape: TableShape, folder: str) -> None:
     """Refuse a run whose telemetry tables would not fit: over MAX_TABLE_BYTES a rank, or the temp dir's room."""
-    import shutil
-
     per_rank = shape.nbytes()
     samples = (f"{shape.max_steps} steps x {shape.samples_per_step} sample indices ({setting('batch_size')} x "
                f"{setting('accumulation_steps')})")

@@ -2,17 +2,21 @@
 or every descendant, its peak memory, and its heap frozen out of the garbage collector's view."""
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import signal
 import sys
 
+try:
+    import resource
+except ImportError:  # Windows: psutil answers for the peak memory instead
+    resource = None  # type: ignore[assignment]
+
 
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies, so no worker outlives a crashed launcher."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the launcher's own cleanup still applies
         pass
@@ -23,9 +27,7 @@ def peak_rss_bytes(children: bool = True) -> float:
 
     ru_maxrss is in KiB on Linux and in bytes on macOS; Windows has no `resource` module (psutil answers there).
     """
-    try:
-        import resource
-    except ImportError:  # Windows: psutil's peak working set (children not included)
+    if resource is None:  # Windows: psutil's peak working set (children not included)
         import psutil
 
         info = psutil.Process().memory_info()

@@ -10,6 +10,11 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Tuple
 
+try:
+    import resource
+except ImportError:  # Windows: no RLIMIT_NPROC
+    resource = None  # type: ignore[assignment]
+
 from ..common.errors import ConfigError, setting
 
 MAX_WORLD_SIZE = 128  # ranks one launch starts on one machine, at most (a tutorial's runs use 1 to 8)
@@ -63,9 +68,7 @@ def cgroup_pids_room(cgroup_file: str = "/proc/self/cgroup",
 
 def nproc_room() -> Optional[Tuple[int, str]]:
     """(tasks this user may still start, what says so) under RLIMIT_NPROC, None when unlimited or not enforced."""
-    try:
-        import resource
-    except ImportError:  # Windows: no such limit
+    if resource is None:  # Windows: no such limit
         return None
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft == resource.RLIM_INFINITY or os.geteuid() == 0:  # root is exempt (CAP_SYS_RESOURCE)

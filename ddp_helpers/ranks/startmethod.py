@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.process
+import multiprocessing.util
 import os
+import shutil
 import sys
+import tempfile
 from typing import Optional
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
@@ -29,8 +33,6 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
     """None when the temp dir's path leaves room for the forkserver's socket; else cleanup.SHORT_ROOT (a folder
     made there is private: mkdtemp, mode 0700, a random name), or a ConfigError naming TMPDIR. Clusters set long
     TMPDIRs: over ~65 characters, binding the socket failed with "AF_UNIX path too long"."""
-    import tempfile
-
     from ..common.errors import ConfigError
     from .cleanup import SHORT_ROOT
 
@@ -48,10 +50,6 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
 def _own_multiprocessing_dir() -> None:
     """Give multiprocessing a temp folder with an owner file, instead of the pymp-* it would make for the
     forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
-    import multiprocessing.process
-    import multiprocessing.util
-    import shutil
-
     from .cleanup import MP_DIR_PREFIX, owned_dir
 
     config = multiprocessing.process.current_process()._config
@@ -75,9 +73,6 @@ def prepare_forkserver() -> None:
 def _in_launching_process() -> bool:
     """False in a rank or in the forkserver: both can run the main script's top level again (a notebook exported
     with nbconvert --to script calls warm_up() there), and a second server started from inside one breaks it."""
-    import multiprocessing.process
-    import sys
-
     if multiprocessing.process.parent_process() is not None:
         return False  # a process multiprocessing started: a rank
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):
