@@ -106,7 +106,7 @@ def warm_up() -> None:
     if resolve_start_method("auto") != "forkserver":
         return
     prepare_forkserver()
-    import multiprocessing.forkserver
+    import multiprocessing.forkserver  # here: _in_launching_process reads its presence in sys.modules
 
     starting = multiprocessing.forkserver._forkserver._forkserver_pid is None  # not yet started in this process
     multiprocessing.forkserver.ensure_running()
