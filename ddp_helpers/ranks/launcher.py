@@ -272,7 +272,7 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
     from torch.multiprocessing.spawn import ProcessContext
 
     if method == "fork":
-        # DDP's constructor imports torch._dynamo (~3 s here). Importing it once in the parent means every
+        # DDP's constructor imports torch._dynamo (seconds: docs/benchmarks.md). Importing it once in the parent: every
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
         import torch._dynamo  # noqa: F401
     elif method == "forkserver":

@@ -90,9 +90,9 @@ def warm_up() -> None:
     """Start the forkserver now (it imports torch in the background), so the first launch is fast too.
 
     An explicit call, for a notebook's set-up cell, best before anything imports torch: the server's imports
-    then run beside the notebook's own. That saves ~1 s of the first run only when a core is free for them:
-    with every core busy the gain disappears (and the set-up cell takes longer, its imports sharing the cores
-    with the server's). The server keeps the package as it was imported: after changing ddp_helpers itself,
+    then run beside the notebook's own. That saves time on the first run (docs/benchmarks.md, "Start-up") only
+    when a core is free for them: with every core busy the gain disappears (and the set-up cell takes longer,
+    its imports sharing the cores with the server's). The server keeps the package as it was imported: after changing ddp_helpers itself,
     restart the kernel (as after any change to an imported module). A torch other than the one the notebooks
     were recorded with is named in one line (common/recorded.py).
     """
