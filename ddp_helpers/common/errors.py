@@ -92,5 +92,5 @@ class ConfigError(SaysSettings, ValueError):
 def refused(field: str, value: Any, accepted: str, owner: str = "TrainConfig") -> ConfigError:
     """The error for one refused setting: `TrainConfig.field=value is not accepted: accepted`."""
     error = ConfigError(f"{setting(field, value, owner=owner)} is not accepted: {accepted}")
-    error.field, error.value, error.accepted = field, value, accepted
+    error.field, error.value, error.accepted = field, value, render(accepted)  # accepted: in Python's words
     return error
