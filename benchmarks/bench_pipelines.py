@@ -182,7 +182,7 @@ def main() -> int:
         return 2
     print(f"machine: {machine()}")
     print(f"data: {args.dataset}, {n} training images, {args.world_size} ranks, 1 epoch, batch 64 per rank")
-    from ddp_helpers.ranks.procs import binding_plan
+    from ddp_helpers.ranks.cores import binding_plan
     from ddp_helpers.ranks.placement import default_threads, resolve_backend
 
     # The launcher's own rule (bind_cores=None), so the line says what the default runs really do.

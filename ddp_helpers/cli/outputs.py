@@ -9,6 +9,7 @@ import sys
 import tempfile
 from typing import Any, List, Optional, Tuple
 
+from ..common.errors import setting
 from ..common.files import atomic_write
 from ..data.catalog import MAX_TRAIN, steps_per_epoch  # the same step count the run's plan will use
 from ..engine.config import TrainConfig, check_types
@@ -59,11 +60,12 @@ def check_telemetry(cfg: TrainConfig) -> None:
     per_rank = _steps(cfg) * (cfg.batch_size * cfg.accumulation_steps * 4 + 8 * 8)
     if per_rank > MAX_TABLE_BYTES:
         raise ConfigError(
-            f"TrainConfig.batch_size={cfg.batch_size} is not accepted with accumulation_steps="
-            f"{cfg.accumulation_steps}, epochs={cfg.epochs}, max_steps={cfg.max_steps}: each rank would record about "
-            f"{per_rank:,} bytes of telemetry ({_steps(cfg)} steps x {cfg.batch_size * cfg.accumulation_steps} sample "
-            f"indices), over the {MAX_TABLE_BYTES:,} allowed; set max_steps, fewer epochs or a smaller batch, or "
-            "telemetry=False")
+            f"{setting('batch_size', cfg.batch_size, owner='TrainConfig')} is not accepted with "
+            f"{setting('accumulation_steps', cfg.accumulation_steps)}, {setting('epochs', cfg.epochs)}, "
+            f"{setting('max_steps', cfg.max_steps)}: each rank would record about {per_rank:,} bytes of telemetry "
+            f"({_steps(cfg)} steps x {cfg.batch_size * cfg.accumulation_steps} sample indices), over the "
+            f"{MAX_TABLE_BYTES:,} allowed; set {setting('max_steps')}, fewer epochs or a smaller batch, or "
+            f"{setting('telemetry', False)}")
 
 
 def check_room(out: str, cfg: TrainConfig, plots: bool) -> None:

@@ -9,6 +9,7 @@ rows it can see: the rows are in their files already, so none recorded before th
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -20,6 +21,7 @@ try:
 except ImportError:  # Windows: no flock; a dead peer is not told from a live one
     fcntl = None  # type: ignore[assignment]
 
+from ..common.errors import setting
 from ..engine.config import ConfigError, TrainConfig
 from .outputs import say, write_outputs
 
@@ -95,8 +97,6 @@ def remove_if_last(run_dir: str) -> None:
     """Remove the run folder once no local rank holds it (B5: a failed job leaves nothing): this process's hold
     is dropped, and the folder goes only if an exclusive lock is then free, so a peer that still needs the
     rows in it keeps it, and the last rank out removes it."""
-    import shutil
-
     from ..ranks.cleanup import LOCK, release
 
     release(run_dir)
@@ -238,7 +238,7 @@ def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int) -> Any:
         try:
             data = load_data(cfg, quiet=rank != 0)
         except DataError as e:
-            error = str(e)
+            error = e.marked  # its settings still marked: the command line names them as flags
     errors: List[Optional[str]] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     first = next((e for e in errors if e is not None), None)
@@ -258,9 +258,10 @@ def _check_same_start(start_step: int) -> None:
     steps: List[Optional[int]] = [None] * dist.get_world_size()
     dist.all_gather_object(steps, start_step)
     if len(set(steps)) > 1:
-        raise ConfigError(f"TrainConfig.resume_from is not accepted: the ranks would resume from different steps "
-                          f"({', '.join(f'rank {r}: {s}' for r, s in enumerate(steps))}); put checkpoint_dir on a "
-                          "file system that every node reads, or give every node the same checkpoint file")
+        raise ConfigError(f"{setting('resume_from', owner='TrainConfig')} is not accepted: the ranks would resume "
+                          f"from different steps ({', '.join(f'rank {r}: {s}' for r, s in enumerate(steps))}); put "
+                          f"{setting('checkpoint_dir')} on a file system that every node reads, or give every node "
+                          "the same checkpoint file")
 
 
 def _gather_rows(job: Any, rank: int) -> List[int]:
@@ -285,8 +286,6 @@ def _gather_rows(job: Any, rank: int) -> List[int]:
 def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, start_step: int, out: str,
                    plots: bool, t_launch: float, run_dir: str) -> Optional[object]:
     """A torchrun rank's work inside its group: this node's data, the loop, the result on rank 0."""
-    import shutil
-
     from ..engine import worker
     from ..engine.job import Job
     from ..ranks.env import RankEnv
@@ -316,8 +315,7 @@ def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, s
     if summary.get("checkpoint_error"):  # the training finished and its result is written: say what is missing
         from ..engine.checkpoint import CheckpointError
 
-        raise CheckpointError(f"{summary['checkpoint_error']}; the training finished, and "
-                              f"{os.path.join(out, 'result.json')} holds its result", result)
+        raise CheckpointError(summary["checkpoint_error"], result, holder=os.path.join(out, "result.json"))
     return result
 
 

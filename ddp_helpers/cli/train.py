@@ -75,7 +75,7 @@ def _check_paths(args: argparse.Namespace, cfg: TrainConfig) -> None:
 
     check_resume_path(cfg.resume_from)
     if cfg.checkpoint_dir is not None:
-        check_writable_dir("TrainConfig.checkpoint_dir", str(cfg.checkpoint_dir))
+        check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
     if _writes_results():
         try:
             probe_output_dir("--out", args.out)
@@ -93,7 +93,9 @@ def _check_room(out: str, cfg: TrainConfig, plots: bool) -> None:
         cfg = cfg.replace(world_size=int(os.environ["WORLD_SIZE"]))
     try:
         check_room(os.path.expanduser(out), cfg, plots)
-    except ValueError as e:
+    except ConfigError:
+        raise  # its settings marked, for the command line's words
+    except ValueError as e:  # --out's own
         raise ConfigError(str(e)) from None
 
 
@@ -175,12 +177,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point for both the command line's own launch and torchrun."""
     args = build_parser().parse_args(argv)
     from ..engine.config import ConfigError
-    from .words import as_flags
+    from .words import for_flags
 
     try:
         cfg = _check_flags(args)
     except ConfigError as e:
-        say(f"error: {as_flags(str(e))}")
+        say(f"error: {for_flags(e)}")
         return 2
     _start_forkserver_early(args.start_method)
     from ..data import DataError
@@ -191,14 +193,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         result = _train(cfg, args)
     except (ConfigError, DataError, LaunchError) as e:
-        say(f"error: {as_flags(str(e))}")  # in the words of the command line: its flags
+        say(f"error: {for_flags(e)}")  # in the words of the command line: its flags
         return 2
     except OutputError as e:
         say(f"error: {e}")
         return 1
     except CheckpointError as e:
-        say(f"error: {e}".replace("this error's .result holds its result",
-                                  f"{os.path.join(args.out, 'result.json')} holds its result"))
+        say(f"error: {e.said(os.path.join(args.out, 'result.json'))}")
         return 1
     except RankFailedError as e:
         say(f"error: {e}")

@@ -1,24 +1,23 @@
 """What the command line says: settings named by their flags (`--resume-from PATH`), not as TrainConfig fields.
 
-The checks in engine/ and data/ speak Python (`TrainConfig.resume_from=None`), which is right in a notebook;
-cli/train.py passes each of their messages through as_flags() once, so a terminal user reads the flag to change.
-The names come from TrainConfig's table (engine/config.py), as the flags themselves do.
+The checks in engine/, data/ and ranks/ name each setting with a common.errors.Setting, which str() says in Python
+(`TrainConfig.resume_from=None`), right in a notebook; for_flags() says the same error with the flag to change,
+for a terminal user. The flags come from TrainConfig's table (engine/config.py), as the parser's do.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
-import re
+import functools
 import shlex
 import typing
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from ..common.errors import one_line
+from ..common.errors import NAME_ONLY, SaysSettings, Setting, one_line
 from ..engine.config import TrainConfig
 
-_VALUE = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\([^()]*\)|[\w.+-]+"  # a repr: quoted, a tuple, a word or number
 
-
+@functools.lru_cache(maxsize=1)
 def _flag_names() -> Dict[str, bool]:
     """Every setting the CLI has a flag for -> whether None means "auto" for it (an optional bool)."""
     hints = typing.get_type_hints(TrainConfig)
@@ -31,12 +30,12 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _value_text(name: str, text: str, auto_is_none: bool) -> Any:
-    """The flag's argument for a Python repr, as typed in a shell (None is returned for an unset setting)."""
+def _argument(value_repr: str, auto_is_none: bool) -> Optional[str]:
+    """The flag's argument for a value's repr, as typed in a shell (None for an unset setting)."""
     try:
-        value = ast.literal_eval(text)
+        value: Any = ast.literal_eval(value_repr)
     except (ValueError, SyntaxError):
-        return text
+        return value_repr
     if value is None:
         return "auto" if auto_is_none else None
     if isinstance(value, bool):
@@ -45,25 +44,25 @@ def _value_text(name: str, text: str, auto_is_none: bool) -> Any:
         return " ".join(str(v) for v in value)
     if isinstance(value, str):
         return shlex.quote(value)
-    return text  # a number as the message wrote it
+    return value_repr  # a number as Python writes it
 
 
-def as_flags(message: str) -> str:
-    """message with `TrainConfig.x=V`, `x=V` and multi-word names `x_y` written as the CLI's `--x V`, `--x-y`."""
+def as_flag(named: Setting) -> str:
+    """One setting as the command line says it: `--resume-from PATH`, `use --max-steps 5`, `leave out --x`."""
     names = _flag_names()
-    alternatives = "|".join(sorted(names, key=len, reverse=True))
+    if named.name not in names:  # no flag for it (a launch() argument): Python's words
+        return named.in_python()
+    if named.value_repr == NAME_ONLY:
+        return named.lead + _flag(named.name)
+    argument = _argument(named.value_repr, names[named.name])
+    if argument is None:  # an unset setting has no flag on the command line: "set x=None" is "leave out --x"
+        return {"set ": "leave out ", "or ": "or leave out "}.get(named.lead, "no ") + _flag(named.name)
+    lead = {"set ": "use ", "or ": "or "}.get(named.lead, named.lead)
+    return f"{lead}{_flag(named.name)} {argument}"
 
-    def assignment(m: re.Match) -> str:
-        verb, name, text = m.group(1), m.group(2), m.group(3)
-        value = _value_text(name, text, names[name])
-        if value is None:  # an unset setting has no flag on the command line: "set x=None" is "leave out --x"
-            return f"{'or ' if verb == 'or ' else ''}leave out {_flag(name)}" if verb else f"no {_flag(name)}"
-        lead = {"set ": "use ", "or ": "or "}.get(verb or "", "")
-        return f"{lead}{_flag(name)} {value}".rstrip()
 
-    out = re.sub(rf"(?<![\w./-])(set |or )?(?:TrainConfig\.)?({alternatives})=({_VALUE})", assignment, message)
-    # Bare names: only those with an underscore (one-word ones such as "seed" or "epochs" are also plain words).
-    multi = "|".join(n for n in sorted(names, key=len, reverse=True) if "_" in n)
-    out = re.sub(rf"(?<![\w./-])(?:TrainConfig\.)?({multi})(?![\w/=-])", lambda m: _flag(m.group(1)), out)
-    out = re.sub(rf"(?<![\w./-])TrainConfig\.({alternatives})(?![\w=])", lambda m: _flag(m.group(1)), out)
-    return one_line(out)  # a value's newline, unquoted again above, must not split the one-line error
+def for_flags(error: BaseException) -> str:
+    """The error's message with each setting it names said as the command line's flag."""
+    if isinstance(error, SaysSettings):
+        return error.render(as_flag)
+    return one_line(str(error))

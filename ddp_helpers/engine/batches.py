@@ -7,7 +7,8 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from ..ranks.procs import die_with_parent, unbind_this_process
+from ..ranks.cores import unbind_this_process
+from ..ranks.lifetime import die_with_parent
 from .config import TrainConfig
 from ..data import DataSplits, SeedListingDataset, map_pages, shard_indices
 
@@ -22,7 +23,7 @@ def shard_batches(cfg: TrainConfig, rank: int, world_size: int, epoch: int, imag
     for start in range(0, len(idx_all), cfg.batch_size):
         idx = idx_all[start:start + cfg.batch_size]
         dev_idx = idx if on_cpu else idx.to(images.device, non_blocking=True)
-        # index_select, not images[idx]: the same rows, but ~4x faster on CPU than advanced indexing
+        # index_select, not images[idx]: the same rows, faster on CPU than advanced indexing (docs/benchmarks.md)
         yield images.index_select(0, dev_idx), labels.index_select(0, dev_idx), idx
 
 
@@ -54,8 +55,8 @@ def listing_loader(cfg: TrainConfig, data: DataSplits) -> torch.utils.data.DataL
 def _workers_start_method(num_workers: int) -> Optional[str]:
     """How the loader starts its workers: as the rank itself was started (spawned by the listing's mp.spawn, so
     each worker imports torch again, a cost the seed pipeline exists to measure), except under a forkserver.
-    A rank forked by the package's forkserver would start a forkserver of its own just for its workers (~5 s of
-    imports that the listing never pays); on Linux they are forked from the rank instead."""
+    A rank forked by the package's forkserver would start a forkserver of its own just for its workers (seconds
+    of imports that the listing never pays); on Linux they are forked from the rank instead."""
     if num_workers > 0 and sys.platform.startswith("linux") and \
             multiprocessing.get_start_method(allow_none=True) == "forkserver":
         return "fork"

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
+from ..common.errors import refused, setting
 from ..common.files import atomic_write, foreign_dir_problem
 from .model import build_model
 from .rng import check_rng_entry, rng_state, set_rng_state
@@ -65,11 +66,18 @@ def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tens
 
 
 class CheckpointError(OSError):
-    """The run's last checkpoint could not be written; the training itself finished, and .result holds it."""
+    """The run's last checkpoint could not be written (`missed` says why); the training itself finished, and
+    .result holds it."""
 
-    def __init__(self, message: str, result: Any = None):
-        super().__init__(message)
-        self.result = result
+    def __init__(self, missed: str, result: Any = None, holder: str = "this error's .result"):
+        self.missed, self.result = missed, result
+        super().__init__(self.said(holder))
+
+    def said(self, holder: str) -> str:
+        """The message naming `holder` as where the run's result is (the command line's result.json, say)."""
+        if self.result is None:
+            return self.missed
+        return f"{self.missed}; the training finished, and {holder} holds its result"
 
 
 def save_if_due(cfg: TrainConfig, rank: int, step: int, end: int, model: torch.nn.Module,
@@ -136,10 +144,10 @@ def check_checkpoint_room(cfg: TrainConfig, first: int, end: int, n_params: int)
     except OSError:
         return
     if free < need:
-        raise ConfigError(f"TrainConfig.checkpoint_dir={cfg.checkpoint_dir!r} is not accepted: {folder} has {free:,} "
-                          f"bytes free and this run writes {count} checkpoint(s) of up to "
-                          f"{need // count:,} bytes; free some space there, choose another folder, or keep fewer "
-                          "(checkpoint_keep=1, or fewer with checkpoint_every)")
+        raise refused("checkpoint_dir", cfg.checkpoint_dir, f"{folder} has {free:,} bytes free and this run writes "
+                      f"{count} checkpoint(s) of up to {need // count:,} bytes; free some space there, choose another "
+                      f"folder, or keep fewer ({setting('checkpoint_keep', 1)}, or fewer with "
+                      f"{setting('checkpoint_every')})")
 
 
 def gather_rng_states(device: Optional[torch.device] = None) -> List[Dict[str, Any]]:
@@ -179,8 +187,8 @@ def check_resume(cfg: TrainConfig) -> int:
                                  f"nothing says the run had this one's {', '.join(RESUME_MUST_MATCH)}")
     for key in RESUME_MUST_MATCH:
         if key in saved and saved[key] != getattr(cfg, key):
-            raise ConfigError(f"TrainConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's {saved[key]!r} "
-                              f"({cfg.resume_from}); an exact resume needs the same {key}")
+            raise ConfigError(f"{setting(key, getattr(cfg, key), owner='TrainConfig')} differs from the checkpoint's "
+                              f"{saved[key]!r} ({cfg.resume_from}); an exact resume needs the same {setting(key)}")
     _check_optimizer_settings(cfg, optimizer)  # after the config's: a config that differs is named as such
     _check_rng(cfg, ckpt)
     if ckpt.get("format") != FORMAT:
@@ -197,8 +205,8 @@ def _check_rng(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
         return  # format /1: this package's model draws no random numbers after the sampler, so it still resumes
     if not isinstance(rng, list) or len(rng) != cfg.world_size:
         what = f"{len(rng)} ranks" if isinstance(rng, list) else f"a {type(rng).__name__}"
-        raise refuse_resume(cfg, f"its 'rng' holds the generator states of {what}, this run has world_size="
-                                 f"{cfg.world_size}")
+        raise refuse_resume(cfg, f"its 'rng' holds the generator states of {what}, this run has "
+                                 f"{setting('world_size', cfg.world_size)}")
     for r, state in enumerate(rng):
         problem = check_rng_entry(state)
         if problem:
@@ -207,8 +215,8 @@ def _check_rng(cfg: TrainConfig, ckpt: Dict[str, Any]) -> None:
 
 def refuse_resume(cfg: TrainConfig, what: str) -> ConfigError:
     """The error for a resume_from that can't be resumed: what is wrong, then the fix."""
-    return ConfigError(f"TrainConfig.resume_from={cfg.resume_from!r} is not accepted: {what}. Resume from a "
-                       "ckpt-*.pt that a run with checkpoint_dir wrote, or set resume_from=None to start over")
+    return refused("resume_from", cfg.resume_from, f"{what}. Resume from a ckpt-*.pt that a run with "
+                   f"{setting('checkpoint_dir')} wrote, or {setting('resume_from', None, lead='set ')} to start over")
 
 
 def _read_for_resume(cfg: TrainConfig) -> Any:

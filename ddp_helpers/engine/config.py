@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, refused
+from ..common.errors import setting as named_setting
 from ..common.files import check_readable_file, check_writable_dir
 from ..data.catalog import DATASETS, DEFAULT_DATA_ROOT
 
@@ -177,12 +178,12 @@ class TrainConfig:
 # Rules between settings: (setting, is it refused for this config?, what is accepted).
 RULES: Tuple[Tuple[str, Callable[[TrainConfig], bool], Callable[[TrainConfig], str]], ...] = (
     ("checkpoint_every", lambda c: bool(c.checkpoint_every) and c.checkpoint_dir is None,
-     lambda c: "needs checkpoint_dir set as well"),
+     lambda c: f"needs {named_setting('checkpoint_dir')} set as well"),
     ("checkpoint_keep", lambda c: bool(c.checkpoint_keep) and c.checkpoint_dir is None,
-     lambda c: "needs checkpoint_dir set as well"),
+     lambda c: f"needs {named_setting('checkpoint_dir')} set as well"),
     ("resume_from", lambda c: c.resume_from == RESUME_LATEST and c.checkpoint_dir is None,
-     lambda c: "'latest' is the newest ckpt-*.pt in checkpoint_dir, so it needs checkpoint_dir set as well (or "
-               "give a checkpoint file)"),
+     lambda c: f"'latest' is the newest ckpt-*.pt in {named_setting('checkpoint_dir')}, so it needs "
+               f"{named_setting('checkpoint_dir')} set as well (or give a checkpoint file)"),
     ("fault_rank", lambda c: c.fault_rank is not None and c.fault_rank >= c.world_size,
      lambda c: f"None or a rank from 0 to {c.world_size - 1}"),
 )
@@ -190,7 +191,7 @@ RULES: Tuple[Tuple[str, Callable[[TrainConfig], bool], Callable[[TrainConfig], s
 
 def bad(name: str, value: Any, accepted: str) -> ConfigError:
     """The error for one refused setting: its name, its value, what is accepted."""
-    return ConfigError(f"TrainConfig.{name}={value!r} is not accepted: {accepted}")
+    return refused(name, value, accepted)
 
 
 def check_types(cfg: TrainConfig) -> None:
@@ -199,8 +200,8 @@ def check_types(cfg: TrainConfig) -> None:
         value = getattr(cfg, f.name)
         if not f.metadata["check"](value):
             raise bad(f.name, value, f.metadata["accepted"])
-    for name, refused, accepted in RULES:
-        if refused(cfg):
+    for name, is_refused, accepted in RULES:
+        if is_refused(cfg):
             raise bad(name, getattr(cfg, name), accepted(cfg))
 
 
@@ -208,9 +209,10 @@ def check_resume_path(resume_from: Optional[str]) -> None:
     """Refuse a resume_from that is not a checkpoint file this user can read ('latest' is resolved later)."""
     if resume_from is None or resume_from == RESUME_LATEST:
         return
-    check_readable_file("TrainConfig.resume_from", resume_from, "an existing checkpoint file (ckpt-*.pt written "
-                        "by a run)", pattern="ckpt-*.pt", fix=", or set resume_from=None to start over",
-                        kind="checkpoint file", empty="a checkpoint file that a run with checkpoint_dir wrote")
+    check_readable_file("resume_from", resume_from, "an existing checkpoint file (ckpt-*.pt written by a run)",
+                        pattern="ckpt-*.pt", kind="checkpoint file",
+                        fix=f", or {named_setting('resume_from', None, lead='set ')} to start over",
+                        empty=f"a checkpoint file that a run with {named_setting('checkpoint_dir')} wrote")
 
 
 def check_machine(cfg: TrainConfig, local_world_size: int) -> None:
@@ -219,8 +221,7 @@ def check_machine(cfg: TrainConfig, local_world_size: int) -> None:
     from ..ranks.limits import check_world_size
 
     # Under torchrun the ranks already run: the room left for processes no longer has to hold them.
-    check_world_size(local_world_size, cfg.threads_per_rank, lambda name, value: f"TrainConfig.{name}={value!r}",
-                     rooms=[] if under_torchrun() else None)
+    check_world_size(local_world_size, cfg.threads_per_rank, rooms=[] if under_torchrun() else None)
 
 
 def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_port: bool = True) -> str:
@@ -242,7 +243,7 @@ def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_por
     if check_port:
         check_address(cfg.master_addr, cfg.master_port)
     if cfg.checkpoint_dir is not None:
-        check_writable_dir("TrainConfig.checkpoint_dir", str(cfg.checkpoint_dir))
+        check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
     return backend
 
 

@@ -2,14 +2,16 @@
 check, the step plan, the size of each rank's tables, and the TrainResult read from the run folder at the end."""
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..common.errors import setting
 from ..common.files import free_text
-from ..ranks.procs import peak_rss_bytes
+from ..ranks.lifetime import peak_rss_bytes
 from .checkpoint import check_checkpoint_room, check_resume
 from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig, validate
 from ..data import DataSplits
@@ -33,10 +35,11 @@ def check_not_past_end(cfg: TrainConfig, plan: StepPlan) -> None:
         return
     end = min(cfg.epochs * plan.per_epoch, cfg.max_steps or cfg.epochs * plan.per_epoch)  # before for_run's clamp
     raise ConfigError(
-        f"TrainConfig.resume_from={cfg.resume_from!r} is not accepted with max_steps={cfg.max_steps!r}, "
-        f"epochs={cfg.epochs}: the checkpoint is at step {plan.first} and this run ends at step {end} "
-        f"({plan.per_epoch} steps per epoch), so nothing is left to train; set max_steps above {plan.first} "
-        f"(or more epochs), or resume_from=None to start over")
+        f"{setting('resume_from', cfg.resume_from, owner='TrainConfig')} is not accepted with "
+        f"{setting('max_steps', cfg.max_steps)}, {setting('epochs', cfg.epochs)}: the checkpoint is at step "
+        f"{plan.first} and this run ends at step {end} ({plan.per_epoch} steps per epoch), so nothing is left to "
+        f"train; set {setting('max_steps')} above {plan.first} (or more epochs), "
+        f"{setting('resume_from', None, lead='or ')} to start over")
 
 
 def table_shape(cfg: TrainConfig, plan: StepPlan, params: int) -> TableShape:
@@ -47,25 +50,26 @@ def table_shape(cfg: TrainConfig, plan: StepPlan, params: int) -> TableShape:
 
 def check_table_size(cfg: TrainConfig, shape: TableShape, folder: str) -> None:
     """Refuse a run whose telemetry tables would not fit: over MAX_TABLE_BYTES a rank, or the temp dir's room."""
-    import shutil
-
     per_rank = shape.nbytes()
-    samples = f"{shape.max_steps} steps x {shape.samples_per_step} sample indices (batch_size x accumulation_steps)"
+    samples = (f"{shape.max_steps} steps x {shape.samples_per_step} sample indices ({setting('batch_size')} x "
+               f"{setting('accumulation_steps')})")
     if per_rank > MAX_TABLE_BYTES:
         raise ConfigError(
-            f"TrainConfig.batch_size={cfg.batch_size} is not accepted with accumulation_steps="
-            f"{cfg.accumulation_steps}, epochs={cfg.epochs}, max_steps={cfg.max_steps}: each rank would record "
-            f"{per_rank:,} bytes of telemetry ({samples}), over the {MAX_TABLE_BYTES:,} allowed; set max_steps, "
-            "fewer epochs or a smaller batch, or telemetry=False")
+            f"{setting('batch_size', cfg.batch_size, owner='TrainConfig')} is not accepted with "
+            f"{setting('accumulation_steps', cfg.accumulation_steps)}, {setting('epochs', cfg.epochs)}, "
+            f"{setting('max_steps', cfg.max_steps)}: each rank would record {per_rank:,} bytes of telemetry "
+            f"({samples}), over the {MAX_TABLE_BYTES:,} allowed; set {setting('max_steps')}, fewer epochs or a "
+            f"smaller batch, or {setting('telemetry', False)}")
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
         return
     if per_rank * cfg.world_size > free:
         raise ConfigError(
-            f"TrainConfig.world_size={cfg.world_size} is not accepted here: the ranks' telemetry needs "
+            f"{setting('world_size', cfg.world_size, owner='TrainConfig')} is not accepted here: the ranks' "
+            "telemetry needs "
             f"{per_rank * cfg.world_size:,} bytes in {folder} ({free_text(folder)}; {samples} per rank); free some "
-            "space there or point TMPDIR elsewhere, or set max_steps, fewer epochs or a smaller batch")
+            f"space there or point TMPDIR elsewhere, or set {setting('max_steps')}, fewer epochs or a smaller batch")
 
 
 @dataclass

@@ -30,7 +30,7 @@ def fingerprint(tensors) -> int:
     """
     if isinstance(tensors, (torch.Tensor, np.ndarray)):
         tensors = [tensors]
-    # XXH3, not SHA-256: it runs every step on every rank, and XXH3 is ~15x faster here. Two different
+    # XXH3, not SHA-256: it runs every step on every rank, and XXH3 is much faster (docs/benchmarks.md). Two different
     # parameter sets share a hash with odds of 1 in 2**64; nobody is forging parameters, so no need for crypto.
     h = xxhash.xxh3_64()
     for t in tensors:

@@ -147,5 +147,5 @@ def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, dat
         job.rows.close()  # unmapped before the folder goes (Windows can't remove a mapped file)
     missed = outputs[0].get("checkpoint_error")
     if missed:  # the training finished, its last checkpoint didn't: the result is kept on the error
-        raise CheckpointError(f"{missed}; the training finished, and this error's .result holds its result", result)
+        raise CheckpointError(missed, result)
     return result

@@ -7,19 +7,15 @@ import math
 import os
 from typing import Any, Callable, Optional
 
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, refused
 from .limits import check_world_size
 
 LAUNCH_BACKENDS = ("gloo", "nccl", "auto")
 MAX_POLL_S = 60.0  # between two looks at the ranks (on_poll's period), at most
 
 
-def _named(name: str, value: Any) -> str:
-    return f"launch({name}={value!r})"
-
-
 def _refuse(name: str, value: Any, accepted: str) -> ConfigError:
-    return ConfigError(f"{_named(name, value)} is not accepted: {accepted}")
+    return refused(name, value, accepted, owner="launch()")
 
 
 def _is_int(v: Any) -> bool:
@@ -90,7 +86,7 @@ def check_sizes(world_size: Any, threads_per_rank: Any) -> None:
         raise _refuse("world_size", world_size, "an int >= 1")
     if threads_per_rank is not None and (not _is_int(threads_per_rank) or threads_per_rank < 1):
         raise _refuse("threads_per_rank", threads_per_rank, "None (automatic: usable cores // ranks) or an int >= 1")
-    check_world_size(world_size, threads_per_rank, _named)
+    check_world_size(world_size, threads_per_rank, owner="launch()")
 
 
 def check_launch_arguments(fn: Callable, world_size: int, args: Any, backend: Any, host: Any, port: Any,

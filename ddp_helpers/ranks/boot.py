@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 
-from .procs import die_with_parent, kill_group, lead_own_group
+from .lifetime import die_with_parent, kill_group, lead_own_group
 
 
 def _exit_when(sentinel) -> None:

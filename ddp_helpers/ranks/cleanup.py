@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import multiprocessing.process
 import os
 import shutil
 import signal
@@ -134,8 +135,6 @@ def remove_run_dir(folder: str) -> None:
 def remove_own_multiprocessing_dir() -> None:
     """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
     remove the multiprocessing folder startmethod gave it, which would stay until the next launch."""
-    import multiprocessing.process
-
     from .kernel_hooks import stop_helpers
 
     folder = multiprocessing.process.current_process()._config.get("tempdir")

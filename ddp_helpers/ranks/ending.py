@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, FrozenSet, Iterator, List, Optional
 
-from .procs import kill_group
+from .lifetime import kill_group
 
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 LAUNCH_MARK = "DDP_HELPERS_LAUNCH"  # in every rank's environment, so in everything a rank starts
@@ -68,9 +68,9 @@ def kill_marked(mark: str, before: Optional[PidsBefore] = None) -> List[int]:
     even in a session of its own (start_new_session=True) or as a daemon that left its parent, and after the
     rank itself was killed. Where a process's environment can't be read, it is passed over.
 
-    before: the processes there before the launch, passed over. Reading every process's environment took 12 ms
-    with 85 processes, and grows with their number (a desktop's hundreds: most of the 80 ms that issue 51 saw
-    added to each launch); the processes a short launch adds are a handful.
+    before: the processes there before the launch, passed over. Reading every process's environment grows with
+    their number (a desktop's hundreds made most of what issue 51 saw added to each launch: docs/benchmarks.md);
+    the processes a short launch adds are a handful.
     """
     import psutil
 

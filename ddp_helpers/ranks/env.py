@@ -1,6 +1,7 @@
 """torchrun's environment contract: the variables a rank reads, set the same way for the ranks launch() starts."""
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
@@ -64,8 +65,6 @@ def gate_agent_store_flag() -> None:
     every endpoint a client-only store, so a rank's own init_process_group("tcp://host:other_port") waited for a
     server nobody starts (notebook 01's launch(init_group=False) cell). Called in a rank before an fn's own init.
     """
-    import importlib
-
     # the module: torch.distributed's own name `rendezvous` is a function; a rank has torch loaded already
     rendezvous = importlib.import_module("torch.distributed.rendezvous")
 

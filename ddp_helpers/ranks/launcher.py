@@ -7,9 +7,10 @@ import os
 import pickle
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import import_torch
 from .arguments import check_flags, check_launch_arguments
 from .boot import rank_main
@@ -57,8 +58,12 @@ def window_s(name: str) -> float:
     return value
 
 
-class LaunchError(RuntimeError):
+class LaunchError(SaysSettings, RuntimeError):
     """The ranks could not be started as asked (raised before any process starts)."""
+
+    def __init__(self, message: object = "", *rest: object):
+        self.marked = str(message)
+        super().__init__(render(self.marked), *rest)
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -77,15 +82,15 @@ class LaunchInterrupted(KeyboardInterrupt):
 def check_start_method(start_method: str) -> str:
     """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
     if not isinstance(start_method, str) or start_method not in START_METHODS:
-        raise ConfigError(f"launch(start_method={start_method!r}) is not accepted: one of {START_METHODS}")
+        raise refused("start_method", start_method, f"one of {START_METHODS}", owner="launch()")
     method = resolve_start_method(start_method)
     if method not in multiprocessing.get_all_start_methods():
-        raise LaunchError(f"start_method={start_method!r} is not available on {sys.platform}; use "
-                          "start_method='auto' (forkserver where available, else spawn)")
+        raise LaunchError(f"{setting('start_method', start_method)} is not available on {sys.platform}; use "
+                          f"{setting('start_method', 'auto')} (forkserver where available, else spawn)")
     if method == "fork" and _cuda_initialized():
-        raise LaunchError("start_method='fork' refused: CUDA is already initialized in this process and a "
-                          "forked child can't use it. Use start_method='auto' (the default), which starts the ranks "
-                          "from a clean server process")
+        raise LaunchError(f"{setting('start_method', 'fork')} refused: CUDA is already initialized in this "
+                          f"process and a forked child can't use it. Use {setting('start_method', 'auto')} (the "
+                          "default), which starts the ranks from a clean server process")
     if method != "fork":
         _check_main_module(method)
     return method
@@ -104,17 +109,17 @@ def _check_main_module(method: str) -> None:
         return  # python -m package.module: re-imported by name
     path = getattr(main, "__file__", None)  # None in Jupyter, the REPL and python -c: nothing is re-imported
     if path is not None and not os.path.isfile(path):
-        raise LaunchError(f"start_method={method!r} can't start ranks from a program read from {path}: each rank "
-                          "re-imports the main program from its file. Save the code to a file and run that")
+        raise LaunchError(f"{setting('start_method', method)} can't start ranks from a program read from {path}: "
+                          "each rank re-imports the main program from its file. Save the code to a file and run that")
 
 
 def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s: float = 60.0) -> str:
     """Everything that can be refused before a process starts (but the start method); returns the backend."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
-    check_timeout(timeout_s, "launch(timeout_s={})")
+    check_timeout(timeout_s, owner="launch()")
     backend = resolve_backend(backend, world_size)
-    check_address(host, port, host_setting="launch(host={})", port_setting="launch(port={})")
+    check_address(host, port, owner="launch()", names=("host", "port"))
     for name in ("SERVER_EXIT_S", "SETTLE_S"):
         window_s(name)  # a bad DDP_HELPERS_ override is said now, not in the middle of a failure
     return backend
@@ -122,10 +127,10 @@ def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s:
 
 def _check_binding(world_size: int, threads: int, backend: str, bind_cores: Optional[bool]) -> None:
     try:
-        check_binding(world_size, threads, backend, bind_cores, setting="launch(bind_cores={})")
+        check_binding(world_size, threads, backend, bind_cores, owner="launch()")
     except ConfigError as e:
-        raise LaunchError(f"{e}. Use bind_cores=None to bind only when possible, or fewer ranks or "
-                          "threads_per_rank") from None
+        raise LaunchError(f"{e.marked}. Use {setting('bind_cores', None)} to bind only when possible, or fewer ranks "
+                          f"or {setting('threads_per_rank')}") from None
 
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
@@ -168,13 +173,12 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     watch = SharedWatch(_sendable(fn, args, method)) if watch_shared else None  # said now, before any starts
     own_dir = run_dir is None
     run_dir = new_run_dir() if own_dir else run_dir
-    mark = os.path.basename(run_dir.rstrip(os.sep))
+    plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group, run_dir,
+                      on_poll, poll_s)
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
     with EndOnSignals():
         try:
-            return _launch(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
-                           run_dir, mark, Deferred((fn, args)), procs, on_poll, poll_s,
-                           echo_for(run_dir, world_size, quiet))
+            return _launch(plan, Deferred((fn, args)), procs, echo_for(run_dir, world_size, quiet))
         finally:
             if own_dir:
                 remove_run_dir(run_dir)
@@ -197,26 +201,48 @@ def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
                           "made from") from None
 
 
-def _launch(method: str, world_size: int, backend: str, host: str, port: int, timeout_s: float, threads: int,
-            bind_cores: Optional[bool], init_group: bool, run_dir: str, mark: str, payload: Deferred,
-            procs: List[Any], on_poll: Optional[Callable[[], None]], poll_s: float,
-            echo: Optional[LaunchEcho]) -> List[Any]:
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one launch runs, its arguments checked and resolved (as torch's LaunchConfig is for elastic_launch)."""
+
+    method: str  # the start method, resolved: "forkserver", "spawn" or "fork"
+    world_size: int
+    backend: str  # resolved: "gloo" or "nccl"
+    host: str
+    port: int  # 0: a free one
+    timeout_s: float
+    threads: int  # per rank
+    bind_cores: Optional[bool]
+    init_group: bool
+    run_dir: str
+    on_poll: Optional[Callable[[], None]]
+    poll_s: float
+
+    @property
+    def mark(self) -> str:
+        """The launch's mark, in every rank's environment: its run folder's name."""
+        return os.path.basename(self.run_dir.rstrip(os.sep))
+
+
+def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optional[LaunchEcho]) -> List[Any]:
     """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
     listener = store = None
+    world_size, mark = plan.world_size, plan.mark
     before = PidsBefore()  # what a rank starts is among the processes that appear from now on
     try:
         # Bound before the ranks start (its port is part of their environment); it listens, with a TCP store
         # behind it, only for a function that joins through env:// itself (init_group=False).
-        listener = _listen(host, port, listen=not init_group)
-        env = {**launched_env(world_size, host, listener.getsockname()[1], f"ddp_helpers-{mark}", threads),
+        listener = _listen(plan.host, plan.port, listen=not plan.init_group)
+        env = {**launched_env(world_size, plan.host, listener.getsockname()[1], f"ddp_helpers-{mark}", plan.threads),
                LAUNCH_MARK: mark}
-        spec = RankSpec(dict(os.environ), env, run_dir, backend, timeout_s, threads, bind_cores, init_group)
-        context = _start_ranks(method, world_size, spec, payload, procs)
-        if not init_group:
+        spec = RankSpec(dict(os.environ), env, plan.run_dir, plan.backend, plan.timeout_s, plan.threads,
+                        plan.bind_cores, plan.init_group)
+        context = _start_ranks(plan.method, world_size, spec, payload, procs)
+        if not plan.init_group:
             # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
             # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
-            store = serve_store(listener, host, world_size, timeout_s)
-        outputs = _supervise(context, method, run_dir, world_size, on_poll, poll_s, echo)
+            store = serve_store(listener, plan.host, world_size, plan.timeout_s)
+        outputs = _supervise(context, plan.method, plan.run_dir, world_size, plan.on_poll, plan.poll_s, echo)
     except KeyboardInterrupt:
         end_launch(procs, mark, wait_s=0.0, before=before)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
@@ -246,7 +272,7 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
     from torch.multiprocessing.spawn import ProcessContext
 
     if method == "fork":
-        # DDP's constructor imports torch._dynamo (~3 s here). Importing it once in the parent means every
+        # DDP's constructor imports torch._dynamo (seconds: docs/benchmarks.md). Importing it once in the parent: every
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
         import torch._dynamo  # noqa: F401
     elif method == "forkserver":

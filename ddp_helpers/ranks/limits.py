@@ -8,9 +8,14 @@ processes this user and this cgroup may still start (RLIMIT_NPROC, the cgroup's 
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from ..common.errors import ConfigError
+try:
+    import resource
+except ImportError:  # Windows: no RLIMIT_NPROC
+    resource = None  # type: ignore[assignment]
+
+from ..common.errors import ConfigError, setting
 
 MAX_WORLD_SIZE = 128  # ranks one launch starts on one machine, at most (a tutorial's runs use 1 to 8)
 MAX_RANKS_PER_CORE = 8  # oversubscription allowed, bounded: the lessons run 4 ranks on 2 cores, a 1-core VM 4 on 1
@@ -63,9 +68,7 @@ def cgroup_pids_room(cgroup_file: str = "/proc/self/cgroup",
 
 def nproc_room() -> Optional[Tuple[int, str]]:
     """(tasks this user may still start, what says so) under RLIMIT_NPROC, None when unlimited or not enforced."""
-    try:
-        import resource
-    except ImportError:  # Windows: no such limit
+    if resource is None:  # Windows: no such limit
         return None
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft == resource.RLIM_INFINITY or os.geteuid() == 0:  # root is exempt (CAP_SYS_RESOURCE)
@@ -90,24 +93,24 @@ def room_limits() -> List[Tuple[int, str]]:
     return [r for r in (cgroup_pids_room(), nproc_room()) if r is not None]
 
 
-def check_world_size(world_size: int, threads: Optional[int], setting: Callable[[str, object], str],
+def check_world_size(world_size: int, threads: Optional[int], owner: str = "TrainConfig",
                      rooms: Optional[List[Tuple[int, str]]] = None) -> None:
-    """Refuse more ranks, or threads per rank, than this machine can run; setting(name, value) names the
-    argument as the caller spells it (e.g. "launch(world_size=10)")."""
+    """Refuse more ranks, or threads per rank, than this machine can run; the settings are named as their owner
+    spells them (TrainConfig.world_size=10, launch(world_size=10))."""
     cores = usable_core_count()
     most = min(MAX_WORLD_SIZE, MAX_RANKS_PER_CORE * cores)
     if world_size > most:
         why = (f"the stated maximum MAX_WORLD_SIZE={MAX_WORLD_SIZE}" if most == MAX_WORLD_SIZE else
                f"{MAX_RANKS_PER_CORE} ranks per usable core (MAX_RANKS_PER_CORE) x {cores} cores")
-        raise ConfigError(f"{setting('world_size', world_size)} is not accepted: at most {most} ranks on this "
-                          f"machine ({why}, ddp_helpers/ranks/limits.py); use world_size<={most}")
+        raise ConfigError(f"{setting('world_size', world_size, owner=owner)} is not accepted: at most {most} ranks "
+                          f"on this machine ({why}, ddp_helpers/ranks/limits.py); use {setting('world_size')}<={most}")
     if threads is not None and threads > cores:
-        raise ConfigError(f"{setting('threads_per_rank', threads)} is not accepted: at most {cores}, the usable "
-                          f"cores (more threads than cores only wait for each other); use None (automatic: cores // "
-                          "ranks) or fewer")
+        raise ConfigError(f"{setting('threads_per_rank', threads, owner=owner)} is not accepted: at most {cores}, "
+                          "the usable cores (more threads than cores only wait for each other); use None (automatic: "
+                          "cores // ranks) or fewer")
     need = world_size * ((threads or 1) + TASKS_PER_RANK)
     for room, what in room_limits() if rooms is None else rooms:
         if need > room:
-            raise ConfigError(f"{setting('world_size', world_size)} is not accepted: {world_size} ranks need about "
-                              f"{need} processes and threads, and only {max(room, 0)} more may start here ({what}); "
-                              "use fewer ranks or threads_per_rank, or raise the limit")
+            raise ConfigError(f"{setting('world_size', world_size, owner=owner)} is not accepted: {world_size} ranks "
+                              f"need about {need} processes and threads, and only {max(room, 0)} more may start here "
+                              f"({what}); use fewer ranks or {setting('threads_per_rank')}, or raise the limit")

@@ -5,6 +5,7 @@ import collections
 import io
 import pickle
 import types
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Dict, List, Optional
 
 SHARE_ARRAYS_FROM = 16 * 2**20  # NumPy arrays this large travel through shared memory, not one copy per rank
@@ -73,8 +74,6 @@ def dumps(obj: Any, shared: Optional[Dict[int, Any]] = None) -> bytes:
     as shared memory (read-only in the ranks), the rest as pickle does."""
     import cloudpickle
     import numpy as np
-    from multiprocessing.reduction import ForkingPickler
-
     own = {np.ndarray: _reducer({} if shared is None else shared)}
     code_reduce = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
     if code_reduce is not None:

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from .env import RankEnv, RankSpec, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
-from .procs import bind_this_thread, binding_plan, kill_descendants
+from .cores import bind_this_thread, binding_plan
+from .lifetime import kill_descendants
 from .ranklog import capture_output
 from .report import error_report, value_report
 
@@ -109,9 +110,9 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
     # init_process_group returns on a rank once its own connections are made (torch adds no barrier unless
     # TORCH_DIST_INIT_BARRIER=1: distributed_c10d._store_based_barrier). A rank whose fn then returns at once
     # exits and closes its sockets while a slower peer is still finishing gloo's connectFullMesh, which fails
-    # ("Connection closed by peer"; on a 2-core VM with 3 busy processes beside, 1 launch in 150, and 25 in 60 with
-    # rank 1 at nice 19). With the barrier no rank leaves init_process_group before every rank's group exists:
-    # ours below, and an fn's own (init_group=False).
+    # ("Connection closed by peer", rarely on a busy machine, often with one rank niced: docs/benchmarks.md).
+    # With the barrier no rank leaves init_process_group before every rank's group exists: ours below, and an
+    # fn's own (init_group=False).
     os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     torch.set_num_threads(threads)  # ranks share the cores: without this each would use them all
     if not init_group:
@@ -123,8 +124,8 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
         if plan is not None:
             # Only now, after gloo has started its communication threads, so they stay free to run on any core.
             # The training thread keeps its own core: a rank waits on its peer in every all-reduce, and on a
-            # small VM the scheduler otherwise moves the waking thread around (a 31 KB gloo all-reduce took
-            # 2.0 ms on average unbound, 0.9 ms bound, on the 2-core VM of the benchmark).
+            # small VM the scheduler otherwise moves the waking thread around (a small gloo all-reduce takes about
+            # twice as long unbound: docs/benchmarks.md).
             bind_this_thread(plan[env.local_rank])
         return fn(env.rank, env.world_size, *args)
     finally:
@@ -168,6 +169,6 @@ def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     kill_descendants()  # nothing this rank started outlives it (a subprocess, a worker that lost its way)
-    # Skip interpreter teardown: the result is already reported, torch's teardown takes ~1 s, and a broken
+    # Skip interpreter teardown: the result is already reported, torch's teardown takes long, and a broken
     # process group can hang in destructors.
     os._exit(code)

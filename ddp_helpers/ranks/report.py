@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import traceback
 from dataclasses import dataclass
@@ -176,8 +177,6 @@ def _exited_silently(rank: int, code: int, run_dir: str, server_died: bool, othe
 
 def _full_temp_dir(run_dir: str) -> str:
     """Why a rank could not leave its report, if the run folder's file system is full; else ''."""
-    import shutil
-
     try:
         free = shutil.disk_usage(run_dir).free
     except OSError:

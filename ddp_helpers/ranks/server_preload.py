@@ -12,9 +12,9 @@ import sys
 import threading
 
 LAUNCHER_PID_ENV = "DDP_HELPERS_LAUNCHER_PID"  # set by startmethod.prepare_forkserver just before the server starts
-# torch._dynamo: DDP's constructor imports it (~3 s). psutil: every rank uses it (the interface towards the
-# master, its descendants at exit) and imports it lazily, ~25 ms per rank when not preloaded. cloudpickle: every
-# rank's report is pickled with it (a cell's classes come back), 2-3 ms of each launch's end when not preloaded.
+# torch._dynamo: DDP's constructor imports it (seconds). psutil: every rank uses it (the interface towards the
+# master, its descendants at exit) and would import it at each start. cloudpickle: every rank's report is pickled
+# with it (a cell's classes come back), at each launch's end. What each costs unloaded: docs/benchmarks.md.
 MODULES = ("torch.distributed", "torch._dynamo", "psutil", "cloudpickle", "ddp_helpers.ranks.boot",
            "ddp_helpers.ranks.rank", "ddp_helpers.engine.worker")
 EXTRA_ENV = "DDP_HELPERS_PRELOAD"  # more modules for the server to import once (comma-separated): what every rank imports
@@ -33,7 +33,7 @@ def preload() -> None:
     importing torch takes seconds (far longer on a busy machine): a launcher killed in that window would leave
     the server, and the resource tracker it holds open, running on their own. The watch ends before the first
     fork, so the server forks its ranks from a single thread. Frozen, the millions of objects torch creates are
-    skipped by every forked rank's garbage collections (~0.18 s of each start-up measured here).
+    skipped by every forked rank's garbage collections (a part of each start-up: docs/benchmarks.md).
     """
     # The notebook's stop button sends SIGINT to the kernel's whole process group, this server included: while it
     # preloads that would end it mid-import (a 40-line traceback in the cell, and an EOFError at the next launch).

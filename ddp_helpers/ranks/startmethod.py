@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.process
+import multiprocessing.util
 import os
+import shutil
 import sys
+import tempfile
 from typing import Optional
 
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
@@ -29,8 +33,6 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
     """None when the temp dir's path leaves room for the forkserver's socket; else cleanup.SHORT_ROOT (a folder
     made there is private: mkdtemp, mode 0700, a random name), or a ConfigError naming TMPDIR. Clusters set long
     TMPDIRs: over ~65 characters, binding the socket failed with "AF_UNIX path too long"."""
-    import tempfile
-
     from ..common.errors import ConfigError
     from .cleanup import SHORT_ROOT
 
@@ -48,10 +50,6 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
 def _own_multiprocessing_dir() -> None:
     """Give multiprocessing a temp folder with an owner file, instead of the pymp-* it would make for the
     forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
-    import multiprocessing.process
-    import multiprocessing.util
-    import shutil
-
     from .cleanup import MP_DIR_PREFIX, owned_dir
 
     config = multiprocessing.process.current_process()._config
@@ -75,9 +73,6 @@ def prepare_forkserver() -> None:
 def _in_launching_process() -> bool:
     """False in a rank or in the forkserver: both can run the main script's top level again (a notebook exported
     with nbconvert --to script calls warm_up() there), and a second server started from inside one breaks it."""
-    import multiprocessing.process
-    import sys
-
     if multiprocessing.process.parent_process() is not None:
         return False  # a process multiprocessing started: a rank
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):
@@ -95,9 +90,9 @@ def warm_up() -> None:
     """Start the forkserver now (it imports torch in the background), so the first launch is fast too.
 
     An explicit call, for a notebook's set-up cell, best before anything imports torch: the server's imports
-    then run beside the notebook's own. That saves ~1 s of the first run only when a core is free for them:
-    with every core busy the gain disappears (and the set-up cell takes longer, its imports sharing the cores
-    with the server's). The server keeps the package as it was imported: after changing ddp_helpers itself,
+    then run beside the notebook's own. That saves time on the first run (docs/benchmarks.md, "Start-up") only
+    when a core is free for them: with every core busy the gain disappears (and the set-up cell takes longer,
+    its imports sharing the cores with the server's). The server keeps the package as it was imported: after changing ddp_helpers itself,
     restart the kernel (as after any change to an imported module). A torch other than the one the notebooks
     were recorded with is named in one line (common/recorded.py).
     """
@@ -111,7 +106,7 @@ def warm_up() -> None:
     if resolve_start_method("auto") != "forkserver":
         return
     prepare_forkserver()
-    import multiprocessing.forkserver
+    import multiprocessing.forkserver  # here: _in_launching_process reads its presence in sys.modules
 
     starting = multiprocessing.forkserver._forkserver._forkserver_pid is None  # not yet started in this process
     multiprocessing.forkserver.ensure_running()

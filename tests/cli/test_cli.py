@@ -139,24 +139,42 @@ def test_cli_errors_name_flags_in_a_real_process(tmp_path):
                         "it holds no ckpt-*.pt: give a checkpoint file that a run with --checkpoint-dir wrote\n")
 
 
-@pytest.mark.parametrize("message, expected", [
-    ("TrainConfig.resume_from='/a b/c.pt' is not accepted: x; or set resume_from=None to start over",
-     "--resume-from '/a b/c.pt' is not accepted: x; or leave out --resume-from to start over"),
-    ("TrainConfig.x=1 and world_size<=2, with max_steps=None; set max_steps above 5",
-     "TrainConfig.x=1 and --world-size<=2, with no --max-steps; set --max-steps above 5"),
-    ("TrainConfig.bind_cores=None is not accepted; bind_cores=True",
-     "--bind-cores auto is not accepted; --bind-cores true"),
-    ("TrainConfig.capture_grad_steps=(0, -1) is not accepted", "--capture-grad-steps 0 -1 is not accepted"),
-    ("or use the offline data: dataset='mnist-5k'; set dataset='mnist-5k'; backend='gloo'",
-     "or use the offline data: --dataset mnist-5k; use --dataset mnist-5k; --backend gloo"),
-    ("files in /tmp/data_root/batch_size and download=True, weights_only=False",
-     "files in /tmp/data_root/batch_size and download=True, weights_only=False"),  # paths and torch's own words stay
-    ("start_method='fork' refused: use start_method='auto'", "--start-method fork refused: use --start-method auto"),
-], ids=["quoted-path-and-unset", "bare-and-none", "optional-bool", "tuple", "verbs", "left-alone", "cli-own-flag"])
-def test_as_flags_translates_fields_to_flags(message, expected):
-    from ddp_helpers.cli.words import as_flags
+def _marked_error():
+    from ddp_helpers.common.errors import refused, setting
 
-    assert as_flags(message) == expected
+    return refused("resume_from", "/a b/c.pt", f"x; with {setting('max_steps', None)}, {setting('world_size')}<=2, "
+                   f"{setting('bind_cores', None)}, {setting('capture_grad_steps', (0, -1))}; "
+                   f"{setting('dataset', 'mnist-5k', lead='set ')} {setting('backend', 'gloo', lead='or ')}; "
+                   f"{setting('resume_from', None, lead='set ')} {setting('resume_from', None, lead='or ')}; "
+                   f"{setting('start_method', 'fork')}, {setting('port', 0, owner='launch()')}; files in "
+                   "/tmp/data_root/batch_size and download=True")
+
+
+def test_an_error_names_its_settings_in_python_and_as_flags():
+    """One marked message, two words: Python's (str) in a notebook, the flags' on the command line."""
+    from ddp_helpers.cli.words import for_flags
+
+    error = _marked_error()
+    assert (error.field, error.value) == ("resume_from", "/a b/c.pt")
+    assert error.accepted.startswith("x; with max_steps=None, world_size<=2") and error.accepted in str(error)
+    assert str(error) == (
+        "TrainConfig.resume_from='/a b/c.pt' is not accepted: x; with max_steps=None, world_size<=2, bind_cores=None, "
+        "capture_grad_steps=(0, -1); set dataset='mnist-5k' or backend='gloo'; set resume_from=None or "
+        "resume_from=None; start_method='fork', launch(port=0); files in /tmp/data_root/batch_size and download=True")
+    assert for_flags(error) == (
+        "--resume-from '/a b/c.pt' is not accepted: x; with no --max-steps, --world-size<=2, --bind-cores auto, "
+        "--capture-grad-steps 0 -1; use --dataset mnist-5k or --backend gloo; leave out --resume-from or leave out "
+        "--resume-from; --start-method fork, launch(port=0); files in /tmp/data_root/batch_size and download=True")
+
+
+def test_a_marked_value_stays_one_line_and_unmarked_errors_pass_through():
+    from ddp_helpers.cli.words import for_flags
+    from ddp_helpers.common.errors import ConfigError, refused
+
+    error = refused("data_root", "a\nb", "a folder")  # a value's newline is shown escaped, in both words
+    assert "\n" not in str(error) and "\n" not in for_flags(error)
+    assert for_flags(error).startswith("--data-root ") and for_flags(ValueError("plain\ntext")) == "plain\\ntext"
+    assert for_flags(ConfigError("no setting here")) == "no setting here"
 
 
 def test_cli_failure_keeps_partial_metrics(tmp_path, capsys):
@@ -209,7 +227,7 @@ def test_cli_plain_bool_flag_refuses_auto(capsys):
 
 def test_default_threads_follow_the_usable_cores(monkeypatch):
     import ddp_helpers.ranks.placement as C
-    import ddp_helpers.ranks.procs as P
+    import ddp_helpers.ranks.cores as P
 
     monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
     monkeypatch.setattr(P, "cpu_quota", lambda: None)

@@ -37,15 +37,15 @@ def test_a_folder_given_for_a_file_suggests_its_latest_match(tmp_path):
     for step in (3, 12):
         (tmp_path / f"ckpt-{step:07d}.pt").write_bytes(b"x")
     with pytest.raises(ConfigError) as e:
-        check_readable_file("TrainConfig.resume_from", str(tmp_path), "a checkpoint", pattern="ckpt-*.pt",
+        check_readable_file("resume_from", str(tmp_path), "a checkpoint", pattern="ckpt-*.pt",
                             kind="checkpoint file")
     assert "not a checkpoint file" in str(e.value) and str(tmp_path / "ckpt-0000012.pt") in str(e.value)
 
 
 def test_a_missing_file_is_named_as_missing(tmp_path):
     with pytest.raises(ConfigError, match="TrainConfig.resume_from=.* doesn't exist"):
-        check_readable_file("TrainConfig.resume_from", str(tmp_path / "nope.pt"), "a checkpoint")
-    check_readable_file("TrainConfig.resume_from", __file__, "a checkpoint")  # a readable file passes
+        check_readable_file("resume_from", str(tmp_path / "nope.pt"), "a checkpoint")
+    check_readable_file("resume_from", __file__, "a checkpoint")  # a readable file passes
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads any file")
@@ -54,14 +54,14 @@ def test_an_unreadable_file_is_named_as_unreadable(tmp_path):
     f.write_bytes(b"x")
     f.chmod(0)
     with pytest.raises(ConfigError, match="can't read the file"):
-        check_readable_file("TrainConfig.resume_from", str(f), "a checkpoint")
+        check_readable_file("resume_from", str(f), "a checkpoint")
 
 
 def test_a_file_in_the_way_of_a_folder_is_named(tmp_path):
     (tmp_path / "runs").write_text("")
     with pytest.raises(ConfigError, match="is a file, not a folder"):
-        check_writable_dir("TrainConfig.checkpoint_dir", str(tmp_path / "runs" / "ckpt"))
-    check_writable_dir("TrainConfig.checkpoint_dir", str(tmp_path / "new" / "ckpt"))  # made when needed: fine
+        check_writable_dir("checkpoint_dir", str(tmp_path / "runs" / "ckpt"))
+    check_writable_dir("checkpoint_dir", str(tmp_path / "new" / "ckpt"))  # made when needed: fine
 
 
 def test_an_output_folder_is_made_and_probed(tmp_path):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ddp_helpers import LaunchError, launch
-import ddp_helpers.ranks.procs as P
-from ddp_helpers.ranks.procs import core_plan, usable_cores
+import ddp_helpers.ranks.cores as P
+from ddp_helpers.ranks.cores import core_plan, usable_cores
 from ddp_helpers.engine.batches import loader_worker_init
 
 CORES = usable_cores()

@@ -97,16 +97,16 @@ def test_the_limit_names_the_stated_maximum(monkeypatch):
     """On a machine with many cores the stated maximum binds, and is named."""
     monkeypatch.setattr(limits, "usable_core_count", lambda: 1024)
     with pytest.raises(ConfigError, match=rf"at most {limits.MAX_WORLD_SIZE} ranks.*MAX_WORLD_SIZE"):
-        limits.check_world_size(limits.MAX_WORLD_SIZE + 1, None, lambda n, v: f"x({n}={v})", rooms=[])
-    limits.check_world_size(limits.MAX_WORLD_SIZE, None, lambda n, v: f"x({n}={v})", rooms=[])
+        limits.check_world_size(limits.MAX_WORLD_SIZE + 1, None, owner="x()", rooms=[])
+    limits.check_world_size(limits.MAX_WORLD_SIZE, None, owner="x()", rooms=[])
 
 
 def test_ranks_per_core_bound_allows_the_lessons_oversubscription(monkeypatch):
     """The lessons run 4 ranks on 2 cores (and on a 1-core VM): allowed; more than MAX_RANKS_PER_CORE are not."""
     monkeypatch.setattr(limits, "usable_core_count", lambda: 1)
-    limits.check_world_size(4, None, lambda n, v: f"x({n}={v})", rooms=[])
+    limits.check_world_size(4, None, owner="x()", rooms=[])
     with pytest.raises(ConfigError, match=r"x\(world_size=9\) is not accepted: at most 8 ranks.*MAX_RANKS_PER_CORE"):
-        limits.check_world_size(limits.MAX_RANKS_PER_CORE + 1, None, lambda n, v: f"x({n}={v})", rooms=[])
+        limits.check_world_size(limits.MAX_RANKS_PER_CORE + 1, None, owner="x()", rooms=[])
 
 
 def test_process_limit_is_named(monkeypatch, no_process):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import ddp_helpers.ranks.procs as P
+import ddp_helpers.ranks.cores as P
 import ddp_helpers.ranks.placement as C
 
 

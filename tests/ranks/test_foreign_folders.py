@@ -166,7 +166,7 @@ def test_a_checkpoint_folder_another_user_made_is_refused_by_name(shared_tmp, tm
     plant_checkpoint_folder(folder, str(victim))
     with pytest.raises(ConfigError, match=r"checkpoint_dir=.* is not accepted: a directory of this user's own "
                                           rf"\('.*ckpts' is owned by another user \(uid {NOBODY}\)"):
-        check_writable_dir("TrainConfig.checkpoint_dir", folder)
+        check_writable_dir("checkpoint_dir", folder)
     with pytest.raises(ConfigError, match=r"TrainConfig\.checkpoint_dir=.* owned by another user"):
         run_training(TrainConfig(dataset="mnist-5k", max_steps=5, checkpoint_dir=folder), progress=False)
     assert victim.read_bytes() == b"the owner's data"
@@ -238,7 +238,7 @@ def test_a_checkpoint_folder_every_user_can_write_is_refused_unless_sticky(tmp_p
     os.chmod(folder, 0o777)
     with pytest.raises(ConfigError, match=r"checkpoint_dir=.* is writable by every user \(mode 0777, without the "
                                           r"sticky bit\).* choose a folder this user owns"):
-        check_writable_dir("TrainConfig.checkpoint_dir", str(folder))
+        check_writable_dir("checkpoint_dir", str(folder))
     os.chmod(folder, 0o1777)  # like /tmp: nobody can replace another's files
-    check_writable_dir("TrainConfig.checkpoint_dir", str(folder))
-    check_writable_dir("TrainConfig.checkpoint_dir", str(folder / "new"))  # made by the run itself
+    check_writable_dir("checkpoint_dir", str(folder))
+    check_writable_dir("checkpoint_dir", str(folder / "new"))  # made by the run itself

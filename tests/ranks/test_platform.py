@@ -12,7 +12,8 @@ import textwrap
 import psutil
 import pytest
 
-import ddp_helpers.ranks.procs as P
+import ddp_helpers.ranks.cores as P
+import ddp_helpers.ranks.lifetime as L
 from ddp_helpers import TrainConfig
 from ddp_helpers.engine import faults
 from ddp_helpers.ranks.launcher import check_start_method, resolve_start_method
@@ -31,17 +32,17 @@ def test_auto_is_forkserver_where_the_platform_has_it_else_spawn(monkeypatch):
 
 
 def test_peak_memory_without_the_resource_module_comes_from_psutil(monkeypatch):
-    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` now fails, as on Windows
-    peak = P.peak_rss_bytes()
+    monkeypatch.setattr(L, "resource", None)  # no resource module, as on Windows
+    peak = L.peak_rss_bytes()
     assert peak >= psutil.Process().memory_info().rss * 0.5 and peak < 2**40
 
 
 def test_peak_memory_on_macos_is_already_in_bytes(monkeypatch):
     import resource
 
-    linux = P.peak_rss_bytes(children=False)
+    linux = L.peak_rss_bytes(children=False)
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert P.peak_rss_bytes(children=False) == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert L.peak_rss_bytes(children=False) == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert linux == 1024 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
