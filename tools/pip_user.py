@@ -45,7 +45,7 @@ KERNEL_ENV_FILE = "nbval_kernel_env.json"  # tools/nbval_ipc.py reads it in a no
 # Wall seconds of each notebook's nbval run, measured 2026-12-05 on the 2-core VM at load 5-6 (two workers;
 # docs/benchmarks.md, "Test-suite time", issue 52): only their order counts. A notebook not listed goes after these.
 SECONDS = {
-    "04_two_process_mnist.ipynb": 125, "06_notebook_to_torchrun.ipynb": 105, "again/00_core_path.ipynb": 91,
+    "04_two_process_mnist.ipynb": 125, "06_notebook_to_torchrun.ipynb": 105,
     "12_debugging_elastic_and_sharding.ipynb": 79, "again/03b_build_ddp_sync.ipynb": 77,
     "11_mixed_precision_and_compile.ipynb": 67, "again/04_two_process_mnist.ipynb": 64, "00_core_path.ipynb": 51,
     "03b_build_ddp_sync.ipynb": 48, "07_buckets_and_overlap.ipynb": 43, "05_beyond_the_basics.ipynb": 41,
