@@ -4,6 +4,8 @@ copy the notebooks out with its console script, and run nbval over that copy (ma
     python tools/pip_user.py                                   # nbval over every copied notebook
     python tools/pip_user.py 04_two_process_mnist.ipynb        # some of them (paths inside notebooks/)
     python tools/pip_user.py -- -x                             # after --: more pytest options
+    python tools/pip_user.py --again 03_ddp_gradient_sync.ipynb --again-env ATEN_CPU_CAPABILITY=default
+                                                               # 03 a second time, that variable in its kernel
 
 The copies are the stored notebooks byte for byte, so this is also the repository's nbval run; what it adds is
 that each notebook runs in a folder outside the repository that holds only what the wheel ships, with the
@@ -12,11 +14,18 @@ talk over Unix sockets, not TCP ports (tools/nbval_ipc.py says why).
 
 The wheel is built once per state of its sources: build/wheel-cache/<hash of every file that goes into it>/,
 shared with tests/project/test_packaging.py (make test builds it in its unit part and installs it here).
+
+--again runs notebooks a second time in the same pytest session (one start of pytest and its xdist workers, one
+collection), as copies in again/ whose kernels get --again-env's variables (tools/nbval_ipc.py): make test's
+numeric notebooks with other CPU kernels. The notebooks go to pytest longest first (SECONDS), so that with
+--dist loadfile no long notebook starts while the other worker has nothing left to do.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -25,12 +34,26 @@ import sys
 import tempfile
 import time
 import tomllib
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
 SKIPPED = ("__pycache__", ".ipynb_checkpoints")  # never copied into the build, so never part of its hash
 CACHE = ROOT / "build" / "wheel-cache"
+AGAIN = "again"  # the folder of the notebooks run a second time, with --again-env's variables in their kernels
+KERNEL_ENV_FILE = "nbval_kernel_env.json"  # tools/nbval_ipc.py reads it in a notebook's folder
+# Wall seconds of each notebook's nbval run, measured 2026-12-05 on the 2-core VM at load 5-6 (two workers;
+# docs/benchmarks.md, "Test-suite time", issue 52): only their order counts. A notebook not listed goes after these.
+SECONDS = {
+    "04_two_process_mnist.ipynb": 125, "06_notebook_to_torchrun.ipynb": 105,
+    "12_debugging_elastic_and_sharding.ipynb": 79, "again/03b_build_ddp_sync.ipynb": 77,
+    "11_mixed_precision_and_compile.ipynb": 67, "again/04_two_process_mnist.ipynb": 64, "00_core_path.ipynb": 51,
+    "03b_build_ddp_sync.ipynb": 48, "07_buckets_and_overlap.ipynb": 43, "05_beyond_the_basics.ipynb": 41,
+    "08_batch_size_and_lr.ipynb": 32, "again/05_beyond_the_basics.ipynb": 30, "10_uneven_inputs.ipynb": 27,
+    "03_ddp_gradient_sync.ipynb": 26, "01_process_group.ipynb": 24, "again/03_ddp_gradient_sync.ipynb": 24,
+    "appendix/A1_cpu_cores_and_quotas.ipynb": 22, "09_buffers_and_unused_parameters.ipynb": 21,
+    "02_devices_and_data.ipynb": 20, "appendix/A2_control_panel.ipynb": 18, "exercises/exercises.ipynb": 12,
+}
 
 
 def _run(command: List[str], **kwargs) -> str:
@@ -135,28 +158,80 @@ def installed_copy(work: pathlib.Path) -> tuple:
     return dest, env
 
 
+def notebooks_in(dest: pathlib.Path) -> List[str]:
+    """Every notebook under dest by relative path, hidden folders (.ipynb_checkpoints/) and again/ left out."""
+    names = [p.relative_to(dest) for p in dest.rglob("*.ipynb")]
+    return sorted(n.as_posix() for n in names if n.parts[0] != AGAIN and not any(x.startswith(".") for x in n.parts))
+
+
+def again_copies(dest: pathlib.Path, names: List[str], env: Dict[str, str]) -> List[str]:
+    """Copies of the notebooks names (paths inside dest) in dest/again/, each folder telling nbval_ipc to start
+    their kernels with env; the copies' relative paths. examples/ goes along, as the copy command puts it."""
+    for name in names:
+        copy = dest / AGAIN / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(dest / name, copy)
+        (copy.parent / KERNEL_ENV_FILE).write_text(json.dumps(env))
+    if names and (dest / "examples").is_dir():
+        shutil.copytree(dest / "examples", dest / AGAIN / "examples")
+    return [f"{AGAIN}/{name}" for name in names]
+
+
+def longest_first(names: List[str]) -> List[str]:
+    """names by SECONDS, longest first; those not in it after them, by name."""
+    return sorted(names, key=lambda name: (-SECONDS.get(name, 0.0), name))
+
+
+def _variables(pairs: List[str], p: argparse.ArgumentParser) -> Dict[str, str]:
+    """--again-env's NAME=VALUE pairs as a dict; a usage error for one without a name or '='."""
+    env = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            p.error(f"--again-env {pair!r}: give NAME=VALUE, e.g. ATEN_CPU_CAPABILITY=default")
+        env[name] = value
+    return env
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="*", help="paths inside notebooks/ (default: all of them)")
+    p.add_argument("--again", action="append", default=[], metavar="NOTEBOOK",
+                   help="run this notebook (a path inside notebooks/) a second time, as a copy in again/ whose "
+                        "kernel gets --again-env's variables (repeat for more)")
+    p.add_argument("--again-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable for the kernels of --again's copies (repeat for more)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    again_env = _variables(args.again_env, p)
+    if args.again_env and not args.again:
+        p.error("--again-env without --again: name the notebooks to run again with those variables")
+    missing = [name for name in args.notebooks + args.again if not (ROOT / "notebooks" / name).is_file()]
+    if missing:  # the copies are the stored notebooks: what isn't in notebooks/ won't be among them
+        p.error(f"not in notebooks/: {', '.join(missing)} (give paths inside notebooks/)")
     with tempfile.TemporaryDirectory(prefix="ddp_helpers_pip_user_") as work:
         start = time.perf_counter()
         dest, env = installed_copy(pathlib.Path(work))
         print(f"wheel built (or taken from {CACHE.relative_to(ROOT)}), installed outside the repository and its "
               f"notebooks copied out in "
               f"{time.perf_counter() - start:.1f} s; nbval runs the copies", flush=True)
-        paths = [str(dest / name) for name in args.notebooks] or [str(dest)]
+        names = (args.notebooks or notebooks_in(dest)) + again_copies(dest, args.again, again_env)
+        if args.again:
+            print(f"{AGAIN}/ runs {len(args.again)} of them again, their kernels with "
+                  f"{' '.join(f'{k}={v}' for k, v in again_env.items()) or 'no other variable'}", flush=True)
+        paths = [str(dest / name) for name in longest_first(names)]
         plugins = pathlib.Path(work) / "plugins"  # nbval_ipc alone, so the kernels can import nothing else of tools/
         plugins.mkdir()
         shutil.copyfile(ROOT / "tools" / "nbval_ipc.py", plugins / "nbval_ipc.py")
         if os.environ.get("SUITE_CPU_PLUGIN"):  # run under tools/suite_cpu.py: its plugin, which PYTEST_PLUGINS names
             shutil.copy(os.environ["SUITE_CPU_PLUGIN"], plugins)
         env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(plugins)]))
+        # xdist would hand out the notebooks with the most cells first: keep ours, longest first.
+        keep_order = ["--no-loadscope-reorder"] if importlib.util.find_spec("xdist") else []
         command = [sys.executable, "-m", "pytest", "-p", "nbval_ipc", "--nbval", *paths, "--nbval-sanitize-with",
                    str(ROOT / "notebooks" / "nbval_sanitize.cfg"), "-c", str(ROOT / "pyproject.toml"),
-                   "--rootdir", str(dest), *extra]
+                   "--rootdir", str(dest), *keep_order, *extra]
         return subprocess.run(command, cwd=dest, env=env).returncode  # cwd outside the repository too
 
 

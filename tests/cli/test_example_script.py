@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import runpy
 import subprocess
 import sys
+import urllib.request
 
 import numpy as np
 import pytest
@@ -36,7 +38,7 @@ def engine_run(mnist5k_root):
     """run_training with the script's settings: 2 gloo ranks, seed 0, batch 64, lr 0.01, one thread per rank."""
     cfg = TrainConfig(dataset="mnist", data_root=str(mnist5k_root), backend="gloo", world_size=2, epochs=EPOCHS,
                       threads_per_rank=1, telemetry=False)
-    return run_training(cfg, progress=False)
+    return run_training(cfg, progress=False, start_method="fork")  # no forkserver: a fresh interpreter adds nothing
 
 
 def _run(cmd, tmp_path):
@@ -88,12 +90,28 @@ def test_write_mnist_refuses_the_listings_folder_and_other_mnists(tmp_path, mnis
         write_mnist(str(tmp_path / "legacy"))
 
 
-@pytest.mark.slow
-def test_write_mnist_command_line(tmp_path, capfd):
-    p = _run([sys.executable, "-m", "ddp_helpers.data", "write-mnist", str(tmp_path / "five_k")], tmp_path)
-    assert p.returncode == 0, p.stderr
+def _as_main(monkeypatch, argv, module=None, path=None) -> int:
+    """Run a module or a script as `python -m module` / `python path` would, in this process: its exit code.
+
+    runpy runs its `if __name__ == "__main__":` block with sys.argv set; a fresh interpreter would prove nothing
+    more for a command that starts no process, and costs an import of torch (~2 CPU-s)."""
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_write_mnist_command_line(tmp_path, capfd, monkeypatch):
+    code = _as_main(monkeypatch, ["python -m ddp_helpers.data", "write-mnist", str(tmp_path / "five_k")],
+                    module="ddp_helpers.data")
+    assert code == 0, capfd.readouterr().err
     assert sorted(os.listdir(tmp_path / "five_k" / "MNIST" / "raw")) == sorted(D.RAW_FILES)
-    from ddp_helpers.data.__main__ import main  # its refusal: the same main(), in this process
+    from ddp_helpers.data.__main__ import main  # its refusal: the same main()
 
     assert main(["write-mnist", str(tmp_path / "MNIST_data")]) == 1
     err = capfd.readouterr().err
@@ -110,10 +128,16 @@ def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engi
     assert 0 < len(batch_lines) <= 2 * EPOCHS  # rank 0 logs now and then (32 batches an epoch), not every batch
 
 
-@pytest.mark.slow
-def test_script_offline_without_data_names_the_fix(tmp_path):
-    p = _run([sys.executable, str(SCRIPT), "--data-root", str(tmp_path / "empty")], tmp_path)
-    assert p.returncode == 1
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "python -m ddp_helpers.data write-mnist" in lines[0], p.stderr
-    assert p.stdout == ""
+def test_script_offline_without_data_names_the_fix(tmp_path, capfd, monkeypatch):
+    """The script's own main block, in this process (it fails before starting any rank): one line on stderr."""
+    for name, value in ENV.items():
+        if "proxy" in name.lower():
+            monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen builds its opener anew, with the dead proxy
+    code = _as_main(monkeypatch, [str(SCRIPT), "--data-root", str(tmp_path / "empty")], path=str(SCRIPT))
+    out, err = capfd.readouterr()
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "python -m ddp_helpers.data write-mnist" in lines[0], err
+    assert out == ""

@@ -26,7 +26,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ddp_mnist.py"
 OTHER_KERNELS = {"default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}}
 BITWISE_CLAIMS = (
-    "tests/engine/test_sync.py::test_allreduce_by_hand_equals_ddp_bitwise_at_two_ranks",  # notebook 3
     "tests/engine/test_resume.py::test_a_crashed_run_resumed_from_latest_ends_like_the_uninterrupted_one",  # nb 6
     "tests/engine/test_cpu_capability.py::test_the_scripts_training_equals_run_training_bitwise",  # notebook 4
     "tests/engine/test_cpu_capability.py::test_torch_runs_the_kernels_it_was_asked_for",

@@ -4,10 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_helpers import TrainConfig, build_model, flat_params, launch, load_data, run_training
+from ddp_helpers import TrainConfig, build_model, load_data, run_training
 from ddp_helpers.data import shard_indices
 
 
@@ -60,33 +59,6 @@ def test_parameters_identical_after_every_step(small_run):
     assert small_run.fingerprints_agree()
     fps = small_run.ranks[0].param_fingerprint
     assert len(set(fps)) == len(fps), "parameters should change at every step"
-
-
-def _train_by_hand(rank, world_size, cfg, steps):
-    """Notebook 3's loop without DDP: all_reduce(SUM) each gradient, then divide by the world size."""
-    data = load_data(cfg)
-    images, labels = data.train_normalized(), data.train_labels
-    shard = shard_indices(len(labels), rank, world_size, cfg.seed, 0)
-    model = build_model(cfg.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    for step in range(steps):
-        idx = shard[step * cfg.batch_size:(step + 1) * cfg.batch_size]
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(images[idx]), labels[idx]).backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-            p.grad /= world_size
-        opt.step()
-    return flat_params(model).numpy()
-
-
-def test_allreduce_by_hand_equals_ddp_bitwise_at_two_ranks(small_run, small_cfg):
-    """(g0 + g1) / 2 by hand and DDP's g0/2 + g1/2 round the same single sum: /2 is exact (notebook 3)."""
-    by_hand = launch(_train_by_hand, world_size=2, args=(small_cfg, small_run.n_steps), start_method="fork",
-                     threads_per_rank=1)
-    assert np.array_equal(by_hand[0], by_hand[1])
-    assert np.array_equal(by_hand[0], small_run.final_params), np.abs(by_hand[0] - small_run.final_params).max()
-    assert not np.array_equal(by_hand[0], flat_params(build_model(small_cfg.seed)).numpy())  # it trained
 
 
 def test_same_seed_gives_identical_runs(small_run, small_cfg):

@@ -220,25 +220,71 @@ def test_the_wheel_cache_is_keyed_by_every_file_that_goes_into_the_wheel(tmp_pat
     assert pip_user.sources_key() == pip_user.sources_key(ROOT) and len(key) == 16
 
 
+def test_pip_user_runs_notebooks_again_as_copies_whose_folder_names_their_kernels_variables(tmp_path, monkeypatch):
+    """make test-notebooks' one session (tools/pip_user.py --again): the numeric notebooks a second time, as copies
+    in again/ (examples/ beside them, as the copy command puts it) whose folder gives their kernels the other
+    kernels' variables (tools/nbval_ipc.py reads them); every notebook handed to pytest longest first."""
+    pip_user, ipc = _tool("pip_user"), _tool("nbval_ipc")
+    assert pip_user.KERNEL_ENV_FILE == ipc.KERNEL_ENV_FILE
+    dest = tmp_path / "copy"
+    for name in ("03_a.ipynb", "04_b.ipynb", "appendix/A1.ipynb", ".ipynb_checkpoints/03_a.ipynb", "examples/s.py"):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_text(name)
+    variables = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+    again = pip_user.again_copies(dest, ["04_b.ipynb", "appendix/A1.ipynb"], variables)
+    assert again == ["again/04_b.ipynb", "again/appendix/A1.ipynb"]
+    assert [(dest / name).read_text() for name in again] == ["04_b.ipynb", "appendix/A1.ipynb"]
+    assert (dest / "again" / "examples" / "s.py").read_text() == "examples/s.py"
+    assert ipc.folder_env(str(dest / "again")) == ipc.folder_env(str(dest / "again" / "appendix")) == variables
+    assert ipc.folder_env(str(dest)) == {} and ipc.folder_env(str(dest / "appendix")) == {}
+    assert pip_user.notebooks_in(dest) == ["03_a.ipynb", "04_b.ipynb", "appendix/A1.ipynb"]  # not again/ or hidden
+    monkeypatch.setattr(pip_user, "SECONDS", {"03_a.ipynb": 10.0, "04_b.ipynb": 50.0, "again/04_b.ipynb": 40.0})
+    assert pip_user.longest_first(pip_user.notebooks_in(dest) + again) == [
+        "04_b.ipynb", "again/04_b.ipynb", "03_a.ipynb", "again/appendix/A1.ipynb", "appendix/A1.ipynb"]
+    (dest / "again" / ipc.KERNEL_ENV_FILE).write_text('{"ATEN_CPU_CAPABILITY": 0}')
+    with pytest.raises(ValueError, match="JSON object of variable names to strings"):
+        ipc.folder_env(str(dest / "again"))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--again", "03_ddp_gradient_sync.ipynb", "--again-env", "ATEN_CPU_CAPABILITY"], "give NAME=VALUE"),
+    (["--again-env", "MKL_CBWR=COMPATIBLE"], "--again-env without --again"),
+    (["--again", "03_ddp_gradient_sync"], "not in notebooks/: 03_ddp_gradient_sync "),
+])
+def test_pip_user_refuses_what_it_cant_run_again_before_building_anything(argv, says, capsys, monkeypatch):
+    pip_user = _tool("pip_user")
+    monkeypatch.setattr(pip_user, "installed_copy", lambda work: pytest.fail("built and installed before refusing"))
+    with pytest.raises(SystemExit) as exit_:
+        pip_user.main(argv)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
 @pytest.mark.skipif(__import__("os").name == "nt", reason="no ipc transport on Windows (the plugin does nothing)")
 @pytest.mark.slow
-def test_nbval_kernels_talk_over_unix_sockets_with_a_prefix_each(monkeypatch):
+def test_nbval_kernels_talk_over_unix_sockets_with_a_prefix_each(monkeypatch, tmp_path):
     """tools/nbval_ipc.py (make test's nbval runs): no TCP port to lose to another process before the kernel binds
-    it; each kernel's socket files under a prefix of its own, removed when nbval ends the kernel."""
+    it; each kernel's socket files under a prefix of its own, removed when nbval ends the kernel. The kernel of a
+    notebook whose folder has nbval_kernel_env.json gets its variables (make test's other CPU kernels)."""
     import os
 
     import nbval.kernel
 
     monkeypatch.setattr(nbval.kernel, "KernelManager", nbval.kernel.KernelManager)  # put back after the test
-    _tool("nbval_ipc").pytest_configure(None)
+    ipc = _tool("nbval_ipc")
+    ipc.pytest_configure(None)
     managers = [nbval.kernel.KernelManager(kernel_name="python3") for _ in range(2)]
     assert [m.transport for m in managers] == ["ipc", "ipc"] and managers[0].ip != managers[1].ip
-    km, kc = nbval.kernel.start_new_kernel(kernel_name="python3")  # as nbval starts each notebook's kernel
+    (tmp_path / ipc.KERNEL_ENV_FILE).write_text(json.dumps({"DDP_HELPERS_KERNEL_PROBE": "other kernels"}))
+    km, kc = nbval.kernel.start_new_kernel(kernel_name="python3", cwd=str(tmp_path))  # as nbval starts each kernel
+    printed = []
     try:
         sockets = [f"{km.ip}-{km.shell_port}", f"{km.ip}-{km.iopub_port}"]
         assert km.transport == "ipc" and all(os.path.exists(s) for s in sockets), sockets
-        kc.execute_interactive("x = 6 * 7", timeout=60)  # the kernel answers over them
+        kc.execute_interactive("import os; print(os.environ.get('DDP_HELPERS_KERNEL_PROBE'))", timeout=60,
+                               output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
     assert not any(os.path.exists(s) for s in sockets)
+    assert "".join(printed).strip() == "other kernels"  # the kernel answered over the sockets, with the variable
+    assert "DDP_HELPERS_KERNEL_PROBE" not in os.environ  # set for that kernel only
