@@ -77,7 +77,7 @@ FLOOR_NBS    = notebooks/00_core_path.ipynb notebooks/01_process_group.ipynb not
                notebooks/03_ddp_gradient_sync.ipynb notebooks/03b_build_ddp_sync.ipynb \
                notebooks/04_two_process_mnist.ipynb notebooks/05_beyond_the_basics.ipynb \
                notebooks/exercises/exercises.ipynb
-LISTING_CELLS = --deselect \"notebooks/00_core_path.ipynb::Cell 2\" --deselect \"notebooks/04_two_process_mnist.ipynb::Cell 2\"
+LISTING_CELLS = --deselect \"notebooks/04_two_process_mnist.ipynb::Cell 2\"
 test-floor:
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(FLOOR_VENV)/install.log 2>&1 || \

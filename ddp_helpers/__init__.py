@@ -17,8 +17,9 @@ _EXPORTS = {
     "run_training": "engine.runner",
     "train_single_process": "lesson.reference",
     "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint", "latest_checkpoint": "engine.checkpoint",
-    "plot_losses": "lesson.plots", "plot_grad_norms": "lesson.plots", "plot_fingerprints": "lesson.plots", "plot_shard_strip": "lesson.plots",
-    "plot_captured_grads": "lesson.plots", "ReferenceResult": "lesson.reference",
+    "plot_losses": "lesson.figures.training", "plot_grad_norms": "lesson.figures.training",
+    "plot_fingerprints": "lesson.figures.training", "plot_shard_strip": "lesson.figures.data_shards",
+    "plot_captured_grads": "lesson.figures.training", "ReferenceResult": "lesson.reference",
     "control_panel": "lesson.panel", "ControlPanel": "lesson.panel",
 }
 

@@ -219,7 +219,7 @@ class ControlPanel:
                 bar.bar_style = "success"
 
     def _show_plots(self, result: TrainResult) -> None:
-        from .plots import plot_grad_norms, plot_losses
+        from .figures.training import plot_grad_norms, plot_losses
 
         self.output.outputs = tuple(_figure_output(f) for f in (plot_losses(result), plot_grad_norms(result)))
 

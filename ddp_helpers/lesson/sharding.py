@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .plots import _color
+from .figures.style import rank_color
 
 PARTS = ("parameters", "gradients", "optimizer state")
 
@@ -58,7 +58,7 @@ def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, in
             at = [sizes.index(w) + (i - (len(per_rank) - 1) / 2) * width for w in sorted(runs)]
             hi = np.array([max(r[part] for r in runs[w]) for w in sorted(runs)]) / 1e6
             lo = np.array([min(r[part] for r in runs[w]) for w in sorted(runs)]) / 1e6
-            ax.bar(at, hi, width * 0.92, color=_color(i), label=f"{method} (largest rank)")
+            ax.bar(at, hi, width * 0.92, color=rank_color(i), label=f"{method} (largest rank)")
             ax.scatter(at, lo, marker="_", s=120, color="black", zorder=4,
                        label="smallest rank" if i == 0 else None)
             for x, h in zip(at, hi):

@@ -11,9 +11,13 @@ import torch.distributed as dist
 from matplotlib.figure import Figure
 
 from ddp_helpers import launch
-from ddp_helpers.lesson.ddp_diagrams import (draw_bucket_overlap, draw_holdings, draw_hook_overlap, draw_join,
-                                             draw_resume)
-from ddp_helpers.lesson.diagrams import Diagram, draw_rendezvous, draw_ring, ring_received
+from ddp_helpers.lesson.figures.buckets import draw_bucket_overlap, draw_hook_overlap
+from ddp_helpers.lesson.figures.checkpoints import draw_resume
+from ddp_helpers.lesson.figures.collectives import draw_ring, ring_received
+from ddp_helpers.lesson.figures.memory import draw_holdings
+from ddp_helpers.lesson.figures.process_group import draw_rendezvous
+from ddp_helpers.lesson.figures.style import Diagram
+from ddp_helpers.lesson.figures.uneven_inputs import draw_join
 from ddp_helpers.lesson.rendezvous import RecordingStore, address_owner
 
 

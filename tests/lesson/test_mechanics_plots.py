@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from ddp_helpers.lesson.mechanics_plots import STEP_STYLES, plot_buffer_sync, plot_rank_steps
+from ddp_helpers.lesson.figures.uneven_inputs import STEP_STYLES, plot_rank_steps
+from ddp_helpers.lesson.figures.buffers import plot_buffer_sync
 
 
 def _run(entry, after):

@@ -15,9 +15,9 @@ from matplotlib.text import Text
 
 from ddp_helpers import launch
 from ddp_helpers.lesson.comms import ring_all_reduce, ring_bytes_per_rank
-from ddp_helpers.lesson.backward_diagram import ddp_backward_events, draw_ddp_backward
-from ddp_helpers.lesson.ddp_diagrams import draw_hook_overlap
-from ddp_helpers.lesson.diagrams import draw_collective, draw_ring, ring_arrow_ends, ring_received
+from ddp_helpers.lesson.figures.backward import ddp_backward_events, draw_ddp_backward
+from ddp_helpers.lesson.figures.buckets import draw_hook_overlap
+from ddp_helpers.lesson.figures.collectives import draw_collective, draw_ring, ring_arrow_ends, ring_received
 
 
 def _texts(diagram) -> list:
@@ -141,7 +141,7 @@ def test_the_ring_labels_of_the_wrapping_arrow_touch_no_arrow_and_no_box(w):
 
 
 def test_per_gradient_sends_take_one_colour_per_layer_never_the_top_rows():
-    from ddp_helpers.lesson.ddp_diagrams import SEND_COLORS, _layer_colors
+    from ddp_helpers.lesson.figures.buckets import SEND_COLORS, _layer_colors
 
     names = [f"layer {i // 2 + 1}" for i in range(12)]
     sends = [[p] for p in reversed(range(12))]  # as draw_hook_overlap sends them: last gradient first

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from ddp_helpers import shard_indices  # noqa: E402
-from ddp_helpers.lesson.plots import OWNED_BY_NONE, SHARED_BY_RANKS, plot_shard_strip, shard_owners  # noqa: E402
+from ddp_helpers.lesson.figures.data_shards import OWNED_BY_NONE, SHARED_BY_RANKS, plot_shard_strip, shard_owners  # noqa: E402
 
 
 def _image(fig) -> np.ndarray:
@@ -49,7 +49,7 @@ def test_first_limits_the_columns_and_bad_indices_are_named():
 def test_fingerprint_plot_says_in_words_when_no_rank_ever_differs_and_draws_the_count_when_one_does(small_run):
     import copy
 
-    from ddp_helpers.lesson.plots import plot_fingerprints
+    from ddp_helpers.lesson.figures.training import plot_fingerprints
 
     agreeing = plot_fingerprints(small_run)
     bottom = agreeing.axes[1]
@@ -64,7 +64,7 @@ def test_fingerprint_plot_says_in_words_when_no_rank_ever_differs_and_draws_the_
 
 
 def test_gradient_pairs_put_rank_0_across_and_rank_1_up_before_and_after_the_all_reduce():
-    from ddp_helpers.lesson.plots import plot_gradient_pairs
+    from ddp_helpers.lesson.figures.training import plot_gradient_pairs
 
     local = np.array([[1.0, 2.0, 3.0], [3.0, 0.0, 1.0]])
     synced = np.tile(local.mean(axis=0), (2, 1))

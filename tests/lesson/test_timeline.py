@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import launch
 from ddp_helpers.lesson import timeline
-from ddp_helpers.lesson.lesson_plots import plot_loss_curves, plot_timeline
+from ddp_helpers.lesson.figures.training import plot_loss_curves
+from ddp_helpers.lesson.figures.buckets import plot_timeline
 
 
 def _mlp() -> nn.Module:
@@ -198,7 +199,7 @@ def test_plot_loss_curves_puts_samples_on_the_second_axis():
 
 
 def test_plot_loss_gaps_draws_each_run_against_the_reference():
-    from ddp_helpers.lesson.lesson_plots import plot_loss_gaps
+    from ddp_helpers.lesson.figures.training import plot_loss_gaps
 
     fig = plot_loss_gaps({"fp32": [3.0, 2.0, 1.0], "bf16": [3.0, 2.1, 0.9], "hook": [3.0, 2.0, 1.05]}, "fp32")
     ax_loss, ax_gap = fig.axes

@@ -1,8 +1,7 @@
-"""DDP's backward in order, as a sequence diagram (notebooks 0 and 3b): autograd computes the gradients last layer
-first, each parameter's hook (Reducer::autograd_hook -> mark_variable_ready) copies its gradient into its bucket,
-each full bucket's all-reduce is launched in bucket order, and the callback queued with the autograd engine's
-queue_callback (Reducer::finalize_backward) waits for them all before backward() returns. Names from torch
-2.14.1's reducer.hpp/reducer.cpp. Built without pyplot, like plots.py.
+"""DDP's backward in sequence: gradients last layer first, each hook filling its bucket, buckets
+launched in order, and the callback that waits for them before backward() returns (notebook 0).
+
+Built without pyplot, so a notebook shows each figure once (as the cell's value).
 """
 from __future__ import annotations
 
@@ -10,10 +9,9 @@ from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 
-from .diagrams import DPI, Diagram
+from .style import DPI, Diagram
 
 
-# ------------------------------------------------------------------------------- DDP's backward, in sequence
 SEQ_LANES = ("your loop", "autograd\nengine", "DDP's Reducer\n(C++)", "gloo")
 
 

@@ -1,6 +1,6 @@
-"""Figures for the lessons on buffers and uneven inputs: BatchNorm's running mean per rank, per-rank DDP steps.
+"""Buffers under DDP: BatchNorm's running mean per rank, at entry and after each step (notebook 9).
 
-Built without pyplot, like plots.py, so a notebook shows each figure once (as the cell's value).
+Built without pyplot, so a notebook shows each figure once (as the cell's value).
 """
 from __future__ import annotations
 
@@ -9,19 +9,8 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
-from .plots import _color
-
-DPI = 150
-# What a rank does in one DDP iteration, and how plot_rank_steps draws it.
-STEP_STYLES = {
-    "trained": dict(color="#1f77b4", label="trains on its own batch"),
-    "shadowed": dict(facecolor="white", edgecolor="#1f77b4", hatch="///",
-                     label="joined: answers the others' all-reduces with zeros"),
-    "blocked": dict(color="#d62728", label="blocked in its all-reduce: no rank answers"),
-    "left": dict(color="#e0e0e0", label="left the loop: no collective"),
-}
+from .style import DPI, rank_color
 
 
 def _sawtooth(at_entry: np.ndarray, after_step: np.ndarray) -> tuple:
@@ -57,7 +46,7 @@ def plot_buffer_sync(panels: Dict[str, Sequence[Mapping]], channel: int = 0,
     for ax, (title, records) in zip(axes, panels.items()):
         for rank, rec in enumerate(records):
             xs, ys = _sawtooth(np.asarray(rec["at_entry"])[:, channel], np.asarray(rec["after_step"])[:, channel])
-            color = _color(rank)
+            color = rank_color(rank)
             ax.plot(xs, ys, color=color, lw=1.0, label=f"rank {rank}")
             ax.plot(xs[0::2], ys[0::2], ls="none", marker="o", ms=4, mfc="white", mec=color)
             ax.plot(xs[1::2], ys[1::2], ls="none", marker="o", ms=3, color=color)
@@ -74,42 +63,4 @@ def plot_buffer_sync(panels: Dict[str, Sequence[Mapping]], channel: int = 0,
                        label="as BatchNorm receives it in the step's forward"),
                 Line2D([], [], ls="none", marker="o", ms=3, color="black", label="after the step")]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-    return fig
-
-
-def plot_rank_steps(panels: Dict[str, Sequence[Sequence[str]]]) -> Figure:
-    """One panel per run (title -> per rank, what it did in each DDP iteration): a row of boxes per rank.
-
-    The states are STEP_STYLES' keys: "trained", "shadowed" (joined, answering with zeros), "blocked" (waiting
-    in an all-reduce nobody answers) and "left" (out of the loop, issuing no collective).
-    """
-    if not panels:
-        raise ValueError("plot_rank_steps needs at least one panel: {title: [states of rank 0, states of rank 1]}")
-    for title, ranks in panels.items():
-        for rank, states in enumerate(ranks):
-            unknown = sorted(set(states) - set(STEP_STYLES))
-            if unknown:
-                raise ValueError(f"plot_rank_steps: panel {title!r}, rank {rank}: unknown state(s) {unknown}; "
-                                 f"use one of {sorted(STEP_STYLES)}")
-    n_steps = max(len(states) for ranks in panels.values() for states in ranks)
-    n_rows = sum(len(ranks) for ranks in panels.values())
-    fig = Figure(figsize=(7.5, 1.3 + 0.45 * n_rows + 0.4 * len(panels)), layout="constrained", dpi=DPI)
-    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True,
-                        gridspec_kw={"height_ratios": [len(r) for r in panels.values()]})[:, 0]
-    for ax, (title, ranks) in zip(axes, panels.items()):
-        for rank, states in enumerate(ranks):
-            y = len(ranks) - 1 - rank  # rank 0 at the top
-            for step, state in enumerate(states, start=1):
-                ax.broken_barh([(step - 0.45, 0.9)], (y - 0.35, 0.7), **{k: v for k, v in STEP_STYLES[state].items()
-                                                                          if k != "label"})
-        ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in reversed(range(len(ranks)))], fontsize=8)
-        ax.set_ylim(-0.6, len(ranks) - 0.4)
-        ax.set_title(title, fontsize=9)
-        ax.set_xticks(range(1, n_steps + 1))
-        ax.xaxis.set_tick_params(labelbottom=True)
-        ax.set_xlim(0.4, n_steps + 0.6)
-    axes[-1].set_xlabel("DDP iteration (one all-reduce of the gradients each)", fontsize=8)
-    used = {s for ranks in panels.values() for states in ranks for s in states}
-    handles = [Patch(**STEP_STYLES[s]) for s in STEP_STYLES if s in used]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     return fig

@@ -1,32 +1,19 @@
-"""Figures that show the synchronization: per-rank losses, local vs synced gradient norms, fingerprints, shards.
+"""Training runs drawn: each rank's loss, gradient norms and weight fingerprints, loss curves on
+two axes, losses against a reference run's, and local against synchronized gradients.
 
-Each function returns a matplotlib Figure built without pyplot, so a notebook shows it exactly once
-(as the cell's value) and scripts can save it with fig.savefig(...).
+Built without pyplot, so a notebook shows each figure once (as the cell's value).
 """
 from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from ..engine.result import TrainResult
-
-RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-
-
-def _color(rank: int) -> str:
-    return RANK_COLORS[rank % len(RANK_COLORS)]
-
-
-def _smooth(y: np.ndarray, window: int) -> np.ndarray:
-    if window <= 1 or len(y) < window:
-        return y
-    kernel = np.ones(window) / window
-    return np.convolve(y, kernel, mode="valid")
+from ...engine.result import TrainResult
+from .style import DPI, moving_average, rank_color
 
 
 def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None, smooth: int = 1) -> Figure:
@@ -34,10 +21,10 @@ def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None
     fig = Figure(figsize=(7, 3.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     for r in result.ranks:
-        y = _smooth(r.loss, smooth)
-        ax.plot(r.step[len(r.step) - len(y):], y, color=_color(r.rank), lw=1.2, label=f"rank {r.rank}")
+        y = moving_average(r.loss, smooth)
+        ax.plot(r.step[len(r.step) - len(y):], y, color=rank_color(r.rank), lw=1.2, label=f"rank {r.rank}")
     if reference_loss is not None:
-        y = _smooth(np.asarray(reference_loss), smooth)
+        y = moving_average(np.asarray(reference_loss), smooth)
         first = int(result.ranks[0].step[0]) if result.n_steps else 0
         ax.plot(np.arange(first, first + len(y)) + (len(reference_loss) - len(y)), y, color="black", lw=1.0,
                 ls="--", label="one process, global batch")
@@ -55,10 +42,10 @@ def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Fig
     ax = fig.add_subplot()
     n = result.n_steps if max_steps is None else min(max_steps, result.n_steps)
     for r in result.ranks:
-        ax.plot(r.step[:n], r.local_grad_norm[:n], color=_color(r.rank), lw=1.0, alpha=0.8,
+        ax.plot(r.step[:n], r.local_grad_norm[:n], color=rank_color(r.rank), lw=1.0, alpha=0.8,
                 label=f"rank {r.rank}: local (before all-reduce)")
     for r in result.ranks:
-        ax.plot(r.step[:n], r.synced_grad_norm[:n], color="black" if r.rank == 0 else _color(r.rank),
+        ax.plot(r.step[:n], r.synced_grad_norm[:n], color="black" if r.rank == 0 else rank_color(r.rank),
                 lw=2.2 if r.rank == 0 else 1.0, ls="-" if r.rank == 0 else ":",
                 label=f"rank {r.rank}: synced (after)")
     ax.set_xlabel("optimizer step")
@@ -112,58 +99,6 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
     return fig
 
 
-# Owner codes in plot_shard_strip's image: a rank number, or one of these two.
-SHARED_BY_RANKS, OWNED_BY_NONE = -1, -2
-
-
-def shard_owners(indices_by_rank: Sequence[Sequence[int]], n: int) -> np.ndarray:
-    """Owner of each sample index 0..n-1: its rank, SHARED_BY_RANKS (padding repeats it) or OWNED_BY_NONE."""
-    counts = np.zeros((len(indices_by_rank), n), dtype=np.int64)
-    for rank, idx in enumerate(indices_by_rank):
-        idx = np.asarray(idx, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"plot_shard_strip: rank {rank} holds an index outside 0..{n - 1}; pass the data set's "
-                             "size as n")
-        np.add.at(counts[rank], idx, 1)
-    owners = np.full(n, OWNED_BY_NONE, dtype=np.int64)
-    held = counts > 0
-    holders = held.sum(axis=0)  # how many ranks hold each index
-    owners[holders == 1] = held.argmax(axis=0)[holders == 1]
-    owners[holders > 1] = SHARED_BY_RANKS
-    return owners
-
-
-def plot_shard_strip(epochs: Dict[str, Sequence[Sequence[int]]], n: int, first: Optional[int] = None,
-                     title: str = "Which rank reads each sample") -> Figure:
-    """One row per epoch (label -> each rank's indices), one cell per sample index, coloured by the owning rank."""
-    shown = n if first is None else min(first, n)
-    rows = [shard_owners(by_rank, n)[:shown] for by_rank in epochs.values()]
-    world_size = max(len(by_rank) for by_rank in epochs.values())
-    img = np.array(rows)
-    # Colour table indexed by owner code + 2: none (white), several ranks (grey), then rank 0, 1, ...
-    colors = ["white", "#9e9e9e"] + [_color(r) for r in range(world_size)]
-    fig = Figure(figsize=(7, 0.9 + 0.38 * len(rows)), dpi=150, layout="constrained")
-    ax = fig.add_subplot()
-    ax.imshow(img, aspect="auto", interpolation="nearest", cmap=ListedColormap(colors),
-              norm=BoundaryNorm(np.arange(-2.5, world_size), len(colors)),
-              extent=(-0.5, shown - 0.5, len(rows) - 0.5, -0.5))
-    if shown <= 120:  # few enough cells to draw their borders: each index reads as one box
-        ax.vlines(np.arange(0.5, shown - 1), -0.5, len(rows) - 0.5, color="white", lw=0.6)
-    if shown <= 30:
-        ax.set_xticks(range(shown))
-    ax.hlines(np.arange(0.5, len(rows) - 1), -0.5, shown - 0.5, color="white", lw=2.0)
-    ax.set_yticks(range(len(rows)), list(epochs))
-    ax.set_xlabel(f"sample index (0 to {shown - 1}" + (f" of {n}" if shown < n else "") + ")")
-    ax.set_title(title)
-    legend = [Patch(color=_color(r), label=f"rank {r}") for r in range(world_size)]
-    if (img == SHARED_BY_RANKS).any():
-        legend.append(Patch(color=colors[1], label="several ranks (padding)"))
-    if (img == OWNED_BY_NONE).any():
-        legend.append(Patch(facecolor="white", edgecolor="black", label="no rank"))
-    fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize=8, frameon=False)
-    return fig
-
-
 def plot_captured_grads(result: TrainResult, step: int = 0, max_points: int = 2000) -> Figure:
     """Scatter of rank 0's vs rank 1's gradient entries at one step, before and after the all-reduce."""
     cap = result.captured_grads[step]
@@ -179,7 +114,7 @@ def plot_gradient_pairs(local: np.ndarray, synced: np.ndarray, step: int = 0, ma
     m = min(max_points, local.shape[1])
     sel = np.linspace(0, local.shape[1] - 1, m).astype(int)
     other = 1 if local.shape[0] > 1 else 0
-    a1.scatter(local[0, sel], local[other, sel], s=4, color=_color(1))
+    a1.scatter(local[0, sel], local[other, sel], s=4, color=rank_color(1))
     a1.set_title(f"step {step}: local gradients")
     a2.scatter(synced[0, sel], synced[other, sel], s=4, color="black")
     a2.set_title("after all-reduce")
@@ -188,4 +123,71 @@ def plot_gradient_pairs(local: np.ndarray, synced: np.ndarray, step: int = 0, ma
         a.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls="--")
         a.set_xlabel("rank 0 entry")
     a1.set_ylabel(f"rank {other} entry")
+    return fig
+
+
+def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[str] = None) -> Figure:
+    """Loss against optimizer steps (left) and samples seen (right); curves: label -> {"loss", "global_batch"}.
+
+    A curve may also give "color" and "ls" (line style); smooth > 1 plots a running mean over that many steps.
+    """
+    if not curves:
+        raise ValueError("plot_loss_curves needs at least one curve: {label: {'loss': [...], 'global_batch': B}}")
+    for label, c in curves.items():
+        missing = [k for k in ("loss", "global_batch") if k not in c]
+        if missing:
+            raise ValueError(f"plot_loss_curves: curve {label!r} has no {missing}; give each curve its per-step "
+                             "'loss' list and its 'global_batch' (samples per optimizer step, all ranks together)")
+    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=DPI)
+    ax_steps, ax_samples = fig.subplots(1, 2, sharey=True)
+    for i, (label, c) in enumerate(curves.items()):
+        loss = moving_average(np.asarray(c["loss"], dtype=float), smooth)
+        steps = np.arange(1, len(c["loss"]) + 1)[len(c["loss"]) - len(loss):]
+        style = dict(color=c.get("color", rank_color(i)), ls=c.get("ls", "-"), lw=1.2,
+                     label=label)
+        ax_steps.plot(steps, loss, **style)
+        ax_samples.plot(steps * int(c["global_batch"]), loss, **style)
+    ylabel = "training loss" + (f" ({smooth}-step mean)" if smooth > 1 else "")
+    ax_steps.set(xlabel="optimizer steps", ylabel=ylabel)
+    ax_samples.set(xlabel="samples seen (steps x global batch)")
+    ax_samples.legend(fontsize=8)
+    for ax in (ax_steps, ax_samples):
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Optional[str] = None) -> Figure:
+    """Top: each run's loss per step (the reference on top, black dashed with markers); below: each other run's
+    loss minus the reference run's, per step.
+
+    Runs that agree closely draw one line at the top; the lower panel shows how far apart they are (0: the
+    same number at that step), so "close, not bitwise" can be seen. losses: label -> per-step losses.
+    """
+    if reference not in losses or len(losses) < 2:
+        raise ValueError(f"plot_loss_gaps needs the reference run {reference!r} and at least one other: "
+                         f"{{label: per-step losses}}, got {list(losses)}")
+    ref = np.asarray(losses[reference], dtype=float)
+    fig = Figure(figsize=(6.4, 6.4), layout="constrained", dpi=DPI)  # stacked: reads on a phone
+    ax_loss, ax_gap = fig.subplots(2, 1, sharex=True)
+    for i, (label, loss) in enumerate(losses.items()):
+        loss = np.asarray(loss, dtype=float)
+        steps = np.arange(1, len(loss) + 1)
+        if label == reference:  # drawn last and on top, black and dashed with markers: never hidden by the others
+            ax_loss.plot(steps, loss, color="black", lw=1.6, ls="--", marker="o", markersize=3, zorder=5,
+                         label=f"{label} (reference)")
+            continue
+        ax_loss.plot(steps, loss, color=rank_color(i), lw=1.2, label=label)
+        n = min(len(loss), len(ref))
+        ax_gap.plot(steps[:n], loss[:n] - ref[:n], color=rank_color(i), lw=1.2, marker="o", markersize=2.5,
+                    label=f"{label} - {reference}")
+    ax_gap.axhline(0.0, color="black", lw=1.2, ls="--", label=f"{reference} (0)", zorder=5)
+    ax_loss.set(xlabel="optimizer steps", ylabel="training loss")
+    ax_gap.set(xlabel="optimizer steps", ylabel=f"loss minus the {reference} run's loss")
+    for ax in (ax_loss, ax_gap):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig

@@ -1,0 +1,1 @@
+"""The lesson's figures, one module per subject (style.py: what they share)."""
