@@ -134,7 +134,7 @@ def write_outputs(result: Any, out: str, plots: bool = True) -> List[str]:
         os.makedirs(out, exist_ok=True)
         paths.append(result.save(path))
         if plots:
-            from ..lesson import plots as P
+            from ..lesson.figures import training as P
 
             for name, draw in (("loss.png", lambda: P.plot_losses(result, smooth=10)),
                                ("grad_norms.png", lambda: P.plot_grad_norms(result)),

@@ -59,7 +59,7 @@ def record_sends(sync: Any, state: Timeline) -> None:
 
     sync needs .buckets (the parameters of each bucket), .flat (each bucket's flat buffer) and .send(i), which
     starts bucket i's all-reduce and returns its Work. The times land in the Timeline's current iteration, so
-    the figure for DDP's buckets (lesson_plots.plot_timeline) draws these too.
+    the figure for DDP's buckets (figures.buckets.plot_timeline) draws these too.
     """
     real_send = sync.send
 
