@@ -74,17 +74,13 @@ def _explicit_root_message(data_root: str, root: str, e: DataError) -> str:
     write = "" if _looks_like_listing_root(root) else (
         f", write the 5,000 offline digits there (python -m ddp_helpers.data write-mnist {root})")
     why = getattr(e, "reason", str(e))
-    keep = "A data_root you set is used as given, never replaced by other data: "
-    default = f"or leave data_root at its default {DEFAULT_DATA_ROOT!r} (where they stand in for MNIST)"
-    broken = getattr(e, "torchvision_error", None)
-    if broken and _has_raw(root, "MNIST"):  # the files are there: only torchvision is missing to read them
-        return (f"TrainConfig.data_root={data_root!r} holds MNIST's files in {raw}, but they are read with "
-                f"torchvision, which can't be imported here ({broken}). {keep}install the torchvision paired "
-                f"with this torch, set dataset='mnist-5k' for the offline digits, {default}")
-    install = "install the torchvision paired with this torch and " if broken else ""  # files alone won't do
+    if getattr(e, "why", None) and _has_raw(root, "MNIST"):  # the files are there: torchvision can't read them
+        return (f"TrainConfig.data_root={data_root!r} holds MNIST's files in {raw}, but {e.why}: install the "
+                "torchvision paired with this torch, or use dataset='mnist-5k' (a data_root you set is used as given)")
     return (f"TrainConfig.data_root={data_root!r} holds no MNIST: {raw} lacks torchvision's four files "
-            f"({', '.join(RAW_FILES)}) and they can't be downloaded ({why}). {keep}{install}copy the files into "
-            f"{raw}{write}, set dataset='mnist-5k' for the offline digits, {default}")
+            f"({', '.join(RAW_FILES)}) and they can't be downloaded ({why}). A data_root you set is used as given, "
+            f"never replaced by other data: copy the files into {raw}{write}, set dataset='mnist-5k' for the offline "
+            f"digits, or leave data_root at its default {DEFAULT_DATA_ROOT!r} (where they stand in for MNIST)")
 
 
 def check_data_root(dataset: str, data_root: str) -> None:
@@ -268,7 +264,6 @@ def _torchvision_datasets(name: str):
         err = DataError(f"{name} is read with torchvision, which can't be imported here ({type(e).__name__}: {e}); "
                         "install the torchvision paired with this torch, or use dataset='mnist-5k'")
         err.offline, err.reason = True, "torchvision can't be imported"  # type: ignore[attr-defined]
-        err.torchvision_error = f"{type(e).__name__}: {e}"  # type: ignore[attr-defined]
         err.why = f"torchvision can't be imported with this torch ({type(e).__name__})"  # type: ignore[attr-defined]
         raise err from e
     return datasets

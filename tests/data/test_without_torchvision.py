@@ -49,12 +49,13 @@ def test_a_named_root_holding_mnist_says_torchvision_is_missing_not_the_files(mo
         sources.clear_cache()
     msg = str(e.value)
     assert msg.startswith(f"TrainConfig.data_root={str(tmp_path)!r} holds MNIST's files in "), msg
-    assert "lacks" not in msg and "torchvision, which can't be imported here (" in msg, msg
+    assert "lacks" not in msg and "but torchvision can't be imported with this torch (" in msg, msg
     assert "install the torchvision paired with this torch" in msg and "dataset='mnist-5k'" in msg, msg
 
 
-def test_a_named_empty_root_says_the_files_alone_would_not_do(monkeypatch, tmp_path):
-    """No files and no torchvision: copying the files in is offered only together with installing torchvision."""
+
+def test_a_named_empty_root_still_says_it_lacks_the_files(monkeypatch, tmp_path):
+    """No files and no torchvision: the refusal names the missing files and why they can't be downloaded."""
     from ddp_helpers import TrainConfig
 
     monkeypatch.setitem(sys.modules, "torchvision", None)
@@ -66,4 +67,4 @@ def test_a_named_empty_root_says_the_files_alone_would_not_do(monkeypatch, tmp_p
         sources.clear_cache()
     msg = str(e.value)
     assert msg.startswith(f"TrainConfig.data_root={str(tmp_path)!r} holds no MNIST: "), msg
-    assert "install the torchvision paired with this torch and copy the files into" in msg, msg
+    assert "can't be downloaded (torchvision can't be imported)" in msg and "dataset='mnist-5k'" in msg, msg
