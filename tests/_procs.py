@@ -78,3 +78,15 @@ def default_signals() -> None:
     """
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+
+
+def without_torch_note(out: str) -> str:
+    """out less warm_up()'s one line naming a torch other than the recorded one (common/recorded.py), so a test
+    of what a script prints holds on any torch; on the recorded torch there is no such line and out is as it was."""
+    from ddp_helpers.common.recorded import torch_differs_note
+
+    note = torch_differs_note()  # the same line the child printed: same interpreter, same installed torch
+    if note is None:
+        return out
+    lines = out.splitlines(keepends=True)
+    return "".join(line for line in lines if line.rstrip("\n") != note)

@@ -65,6 +65,18 @@ def pytest_sessionfinish(session, exitstatus):
     session.config._all_passed = exitstatus == 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+def pytest_runtest_setup(item):
+    """A test marked needs_torchvision skips, naming why, where torchvision doesn't import (asked only then)."""
+    if item.get_closest_marker("needs_torchvision") is None:
+        return
+    from _torchvision import torchvision_problem
+
+    problem = torchvision_problem()
+    if problem:
+        pytest.skip(f"needs a torchvision that loads: {problem}")
+
+
 # Python's own per-process helpers (one each for the whole session, they exit with pytest): not leftover ranks.
 # The forkserver's ranks are its children, so they are still found (children(recursive=True)).
 _SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver import main")

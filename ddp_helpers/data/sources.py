@@ -76,6 +76,10 @@ def _explicit_root_message(data_root: str, root: str, e: DataError) -> str:
     write = "" if _looks_like_listing_root(root) else (
         f", write the 5,000 offline digits there (python -m ddp_helpers.data write-mnist {root})")
     why = getattr(e, "reason", str(e))
+    if getattr(e, "why", None) and _has_raw(root, "MNIST"):  # the files are there: torchvision can't read them
+        return (f"{setting('data_root', data_root, owner='TrainConfig')} holds MNIST's files in {raw}, but {e.why}: "
+                f"install the torchvision paired with this torch, or {setting('dataset', 'mnist-5k', lead='set ')} "
+                f"(a {setting('data_root')} you set is used as given)")
     return (f"{setting('data_root', data_root, owner='TrainConfig')} holds no MNIST: {raw} lacks torchvision's four "
             f"files ({', '.join(RAW_FILES)}) and they can't be downloaded ({why}). A {setting('data_root')} you set is "
             f"used as given, never replaced by other data: copy the files into {raw}{write}, "

@@ -56,6 +56,7 @@ def _check_against_engine(p, saved, engine_run):
     assert np.array_equal(params, engine_run.final_params)
 
 
+@pytest.mark.needs_torchvision
 def test_written_layout_is_mnist5k_as_torchvision_reads_it(mnist5k_root):
     from torchvision import datasets
 
@@ -118,6 +119,7 @@ def test_write_mnist_command_line(tmp_path, capfd, monkeypatch):
     assert "listing's MNIST folder" in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
+@pytest.mark.needs_torchvision
 @pytest.mark.slow
 def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engine_run):
     saved = tmp_path / "final.pt"
@@ -128,6 +130,7 @@ def test_script_under_torchrun_matches_run_training(tmp_path, mnist5k_root, engi
     assert 0 < len(batch_lines) <= 2 * EPOCHS  # rank 0 logs now and then (32 batches an epoch), not every batch
 
 
+@pytest.mark.needs_torchvision
 def test_script_offline_without_data_names_the_fix(tmp_path, capfd, monkeypatch):
     """The script's own main block, in this process (it fails before starting any rank): one line on stderr."""
     for name, value in ENV.items():

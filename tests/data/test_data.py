@@ -58,6 +58,7 @@ def test_mnist5k_is_real_digits_with_stratified_test_split():
     assert not any(bytes(x.numpy().tobytes()) in train_rows for x in d.test_images)
 
 
+@pytest.mark.needs_torchvision
 def test_normalize_matches_the_listings_transform():
     from PIL import Image
     from torchvision import transforms
@@ -80,6 +81,7 @@ def _offline(monkeypatch, mirrors_answer: bool) -> None:
     monkeypatch.setattr(datasets.MNIST, "download", offline)
 
 
+@pytest.mark.needs_torchvision
 @pytest.mark.parametrize("mirrors_answer", [False, True], ids=["no-mirror-reachable", "download-fails"])
 @pytest.mark.parametrize("spelling", ["as-is", "no-trailing-slash"])
 def test_default_mnist_root_falls_back_to_offline_digits_with_a_notice(tmp_path, monkeypatch, capsys,
@@ -98,6 +100,7 @@ def test_default_mnist_root_falls_back_to_offline_digits_with_a_notice(tmp_path,
     assert "offline" in err and "mnist-5k" in err and err.count("\n") == 1
 
 
+@pytest.mark.needs_torchvision
 @pytest.mark.parametrize("mirrors_answer", [False, True], ids=["no-mirror-reachable", "download-fails"])
 @pytest.mark.parametrize("folder", ["missing", "empty"])
 def test_explicit_mnist_root_never_falls_back(tmp_path, monkeypatch, capsys, mirrors_answer, folder):
@@ -142,6 +145,7 @@ def _fake_fashion_dir(path, n_train=120, n_test=40):
         _write_idx(os.path.join(path, f"{prefix}-labels-idx1-ubyte.gz"), rng.integers(0, 10, (n,)), 2049, True)
 
 
+@pytest.mark.needs_torchvision
 def test_fashion_mnist_unpacks_debian_layout_once(tmp_path, monkeypatch):
     debian = tmp_path / "debian"
     _fake_fashion_dir(debian)
@@ -156,12 +160,14 @@ def test_fashion_mnist_unpacks_debian_layout_once(tmp_path, monkeypatch):
     assert (raw / D.RAW_FILES[0]).stat().st_mtime_ns == mtime, "already unpacked files are reused"
 
 
+@pytest.mark.needs_torchvision
 @pytest.mark.skipif(not os.path.isdir(D.DEBIAN_FASHION_DIR), reason="Debian's dataset-fashion-mnist not installed")
 def test_real_fashion_mnist_from_debian(tmp_path):
     d = D.load_fashion_mnist(str(tmp_path))
     assert d.train_images.shape == (60000, 28, 28) and d.test_images.shape == (10000, 28, 28)
 
 
+@pytest.mark.needs_torchvision
 def test_corrupted_file_is_named_with_the_fix(tmp_path, monkeypatch):
     debian = tmp_path / "debian"
     _fake_fashion_dir(debian)
@@ -176,6 +182,7 @@ def test_corrupted_file_is_named_with_the_fix(tmp_path, monkeypatch):
     assert str(bad) in msg and "corrupted" in msg and "mnist-5k" in msg
 
 
+@pytest.mark.needs_torchvision
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
     from torchvision import datasets
 
@@ -265,6 +272,7 @@ def fresh_cache():
     D.clear_cache()
 
 
+@pytest.mark.needs_torchvision
 def test_out_of_range_label_is_named_when_the_data_loads(tmp_path, fresh_cache):
     _fake_raw(tmp_path / "MNIST" / "raw", bad_label=12)
     with pytest.raises(D.DataError) as e:
@@ -274,6 +282,7 @@ def test_out_of_range_label_is_named_when_the_data_loads(tmp_path, fresh_cache):
     assert "0..9" in msg and "mnist" in msg and "dataset='mnist-5k'" in msg, msg
 
 
+@pytest.mark.needs_torchvision
 def test_raw_folder_with_only_gz_files_is_unpacked_and_read(tmp_path, fresh_cache):
     raw = tmp_path / "MNIST" / "raw"
     written = _fake_raw(raw, gz=True)
@@ -314,6 +323,7 @@ def test_explicit_missing_fashion_root_names_it_and_how_to_get_the_data(tmp_path
     assert not typo.exists(), "nothing is unpacked into a folder the user didn't make"
 
 
+@pytest.mark.needs_torchvision
 @pytest.mark.parametrize("spelling", ["as-is", "trailing-slash", "dot-dot"])
 def test_default_root_still_gets_debians_fashion_mnist(tmp_path, monkeypatch, fresh_cache, spelling):
     """The default folder however spelled, as for MNIST's fallback (is_default_root decides for both)."""

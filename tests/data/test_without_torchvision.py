@@ -12,8 +12,8 @@ from ddp_helpers.data import sources
 from ddp_helpers.data.splits import SeedListingDataset, _to_tensor_normalized
 
 
+@pytest.mark.needs_torchvision
 def test_the_pipeline_without_torchvision_gives_torchvisions_bits(monkeypatch):
-    pytest.importorskip("torchvision.transforms", exc_type=ImportError)
     images = torch.randint(0, 256, (16, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     labels = torch.arange(16) % 10
     with_tv = SeedListingDataset(images, labels)
@@ -32,3 +32,39 @@ def test_mnist_falls_back_to_mnist5k_when_torchvision_cannot_load(monkeypatch, t
     assert splits.notice.count("\n") == 0
     with pytest.raises(DataError, match="torchvision, which can't be imported here.*dataset='mnist-5k'"):
         sources._decode_cached.__wrapped__("mnist", str(tmp_path), False)  # a data_root the user named
+
+
+def test_a_named_root_holding_mnist_says_torchvision_is_missing_not_the_files(monkeypatch, tmp_path):
+    """With MNIST's four files in place, the refusal blames torchvision (install it), not files that are there."""
+    from ddp_helpers import TrainConfig
+    from test_data import _fake_raw
+
+    _fake_raw(tmp_path / "MNIST" / "raw")
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    sources.clear_cache()
+    try:
+        with pytest.raises(DataError) as e:
+            sources.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+    finally:
+        sources.clear_cache()
+    msg = str(e.value)
+    assert msg.startswith(f"TrainConfig.data_root={str(tmp_path)!r} holds MNIST's files in "), msg
+    assert "lacks" not in msg and "but torchvision can't be imported with this torch (" in msg, msg
+    assert "install the torchvision paired with this torch" in msg and "dataset='mnist-5k'" in msg, msg
+
+
+
+def test_a_named_empty_root_still_says_it_lacks_the_files(monkeypatch, tmp_path):
+    """No files and no torchvision: the refusal names the missing files and why they can't be downloaded."""
+    from ddp_helpers import TrainConfig
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    sources.clear_cache()
+    try:
+        with pytest.raises(DataError) as e:
+            sources.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+    finally:
+        sources.clear_cache()
+    msg = str(e.value)
+    assert msg.startswith(f"TrainConfig.data_root={str(tmp_path)!r} holds no MNIST: "), msg
+    assert "can't be downloaded (torchvision can't be imported)" in msg and "dataset='mnist-5k'" in msg, msg

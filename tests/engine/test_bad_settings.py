@@ -121,6 +121,7 @@ def test_unwritable_data_root_when_a_download_is_needed(tmp_path):
         ro.chmod(0o700)
 
 
+@pytest.mark.needs_torchvision
 def test_unwritable_data_root_refused_even_when_running_as_root(tmp_path, monkeypatch):
     """Root may write anywhere, so deny write access the way a normal user would meet it."""
     from ddp_helpers.engine import config as C

@@ -45,6 +45,7 @@ def _script_rank(rank: int, world_size: int, root: str, save: str) -> int:
     return script.main(argparse.Namespace(data_root=root, epochs=1, save=save if rank == 0 else None))
 
 
+@pytest.mark.needs_torchvision
 def test_the_scripts_training_equals_run_training_bitwise(tmp_path):
     """The script's own training code (torchvision's transforms, its loop) gives run_training's parameters.
 
@@ -74,7 +75,11 @@ def test_torch_runs_the_kernels_it_was_asked_for():
 
 @pytest.mark.parametrize("kernels", sorted(OTHER_KERNELS))
 def test_bitwise_claims_hold_with_other_cpu_kernels(kernels):
+    from _torchvision import torchvision_loads
+
+    # The script's claim needs torchvision (its transforms); where none loads, the others must all still pass.
+    claims = [c for c in BITWISE_CLAIMS if torchvision_loads() or "test_the_scripts_training" not in c]
     env = {**os.environ, **OTHER_KERNELS[kernels]}
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:nbval",
-                        *BITWISE_CLAIMS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0 and f"{len(BITWISE_CLAIMS)} passed" in p.stdout, p.stdout[-4000:] + p.stderr[-2000:]
+                        *claims], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and f"{len(claims)} passed" in p.stdout, p.stdout[-4000:] + p.stderr[-2000:]

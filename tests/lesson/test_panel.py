@@ -164,6 +164,7 @@ def test_what_a_run_writes_to_stderr_goes_to_the_status_line(monkeypatch, capsys
     assert panel.message.startswith("run 2 finished: ") and len(panel.notices) >= 2
 
 
+@pytest.mark.needs_torchvision
 @pytest.mark.slow
 def test_offline_mnist_fallback_is_said_in_the_status_line(tmp_path, monkeypatch, capsys):
     """dataset='mnist' offline trains mnist-5k: the panel's status says so, on every run (the data are cached)."""

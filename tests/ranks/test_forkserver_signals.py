@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import pytest
-from _procs import default_signals
+from _procs import default_signals, without_torch_note
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,7 +46,10 @@ def test_ctrl_c_to_the_process_group_while_the_server_imports_leaves_it_working(
                             start_new_session=True,  # its own process group, as a Jupyter kernel has
                             preexec_fn=default_signals)  # SIGINT at its default, also in a background job
     try:
-        assert proc.stdout.readline().strip() == "warming"
+        first = proc.stdout.readline()
+        if not without_torch_note(first):  # warm_up's line naming another torch than the recorded one
+            first = proc.stdout.readline()
+        assert first.strip() == "warming"
         deadline = time.monotonic() + 60
         while not mark.exists() and time.monotonic() < deadline:
             time.sleep(0.01)  # until the server is inside its (slow) preload
@@ -56,7 +59,7 @@ def test_ctrl_c_to_the_process_group_while_the_server_imports_leaves_it_working(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert out.split() == ["interrupted", "[0,", "1]"], out + err
+    assert without_torch_note(out).split() == ["interrupted", "[0,", "1]"], out + err
     assert "Traceback" not in err and "EOFError" not in err, err
 
 
@@ -82,4 +85,4 @@ def test_warm_up_at_a_scripts_top_level_is_harmless(tmp_path, method):
     script.write_text(UNGUARDED_WARM_UP.replace("launch(hello, 2)", f"launch(hello, 2, start_method={method!r})"))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=180,
                           env={**os.environ, "PYTHONPATH": ROOT, "DDP_HELPERS_PROGRESS": "0"})
-    assert done.stdout.strip() == "[0, 1]", done.stderr[-3000:]
+    assert without_torch_note(done.stdout).strip() == "[0, 1]", done.stdout + done.stderr[-3000:]
