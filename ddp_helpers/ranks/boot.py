@@ -5,6 +5,7 @@ milliseconds; torch and the function to run are unpickled afterwards (see launch
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -49,6 +50,11 @@ def rank_main(rank: int, *args) -> None:
     # First: Ctrl-C is the launcher's to handle. In Jupyter it reaches the kernel's whole process group, this
     # rank too until lead_own_group: a KeyboardInterrupt here would print its traceback into a notebook cell.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked rank holds a copy of its parent's heap, garbage included: collected here, a torch object's C++
+    # destructor would run in a process without the threads it owns (std::terminate: "Fatal Python error:
+    # Aborted" in freeze_heap's collection). Frozen, the parent's objects are never collected in the rank (and
+    # their pages stay shared); what the rank makes from now on is collected as usual.
+    gc.freeze()
     _default_signals()
     lead_own_group()  # the launcher ends this group at the end: whatever the rank starts goes with it
     watch_parent()

@@ -219,3 +219,38 @@ def test_no_rank_leaves_init_process_group_before_every_rank_has_its_group(monke
     fn = _left_init if init_group else _own_init_then_left
     left = launch(fn, 2, start_method="fork", threads_per_rank=1, init_group=init_group)
     assert left[0] >= float(ready.read_text()), "rank 0 left init_process_group before rank 1's group existed"
+
+
+class _Finalized:
+    """Garbage (a cycle) whose finalizer writes the pid of the process that runs it."""
+
+    def __init__(self, path: str):
+        self.path, self.me = path, self
+
+    def __del__(self):
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def _collect(rank: int, world_size: int) -> bool:
+    import gc
+
+    return gc.collect() >= 0
+
+
+def test_a_forked_rank_never_collects_its_parents_garbage(tmp_path):
+    """A forked rank inherits the parent's uncollected garbage; finalized there, a torch object's C++ destructor
+    aborts the rank (its threads are not in the child), so the rank freezes what it inherits (boot.rank_main)."""
+    import gc
+    import weakref
+
+    marker = tmp_path / "finalized"
+    gc.disable()  # the cycle must still be garbage in the parent's heap when the ranks fork
+    try:
+        ref = weakref.ref(_Finalized(str(marker)))
+        assert launch(_collect, world_size=2, start_method="fork", init_group=False) == [True, True]
+        assert ref() is not None  # the parent has not collected it: each rank held it as garbage
+    finally:
+        gc.enable()
+    gc.collect()
+    assert marker.read_text().split() == [str(os.getpid())]  # finalized once, by the parent, never by a rank
