@@ -352,7 +352,7 @@ def test_student_fills_a_blank_in_the_browser(tmp_path, capsys):
         assert verdicts[wrong].startswith(f"TRY AGAIN {wrong}: {nudge}"), verdicts[wrong]
         assert mistake.hint not in verdicts[wrong], (mistake.hint, verdicts[wrong])
         for name in set(EXERCISES) - {solved, wrong}:
-            assert verdicts[name].startswith(f"NOT DONE YET {name}: replace the `raise NotImplementedError"), \
+            assert verdicts[name].startswith(f"NOT DONE YET {name}: replace each `raise NotImplementedError"), \
                 verdicts[name]
         text = page.inner_text(".jp-NotebookPanel")
         assert "Traceback" not in text and "NotImplementedError:" not in text
