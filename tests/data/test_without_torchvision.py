@@ -34,37 +34,33 @@ def test_mnist_falls_back_to_mnist5k_when_torchvision_cannot_load(monkeypatch, t
         sources._decode_cached.__wrapped__("mnist", str(tmp_path), False)  # a data_root the user named
 
 
-def test_a_named_root_holding_mnist_says_torchvision_is_missing_not_the_files(monkeypatch, tmp_path):
-    """With MNIST's four files in place, the refusal blames torchvision (install it), not files that are there."""
+def _refusal_without_torchvision(monkeypatch, root) -> str:
+    """load_data's DataError for dataset='mnist' at root, with torchvision made unimportable."""
     from ddp_helpers import TrainConfig
-    from test_data import _fake_raw
 
-    _fake_raw(tmp_path / "MNIST" / "raw")
     monkeypatch.setitem(sys.modules, "torchvision", None)
     sources.clear_cache()
     try:
         with pytest.raises(DataError) as e:
-            sources.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
+            sources.load_data(TrainConfig(dataset="mnist", data_root=str(root)))
     finally:
         sources.clear_cache()
-    msg = str(e.value)
+    return str(e.value)
+
+
+def test_a_named_root_holding_mnist_says_torchvision_is_missing_not_the_files(monkeypatch, tmp_path):
+    """With MNIST's four files in place, the refusal blames torchvision (install it), not files that are there."""
+    from test_data import _fake_raw
+
+    _fake_raw(tmp_path / "MNIST" / "raw")
+    msg = _refusal_without_torchvision(monkeypatch, tmp_path)
     assert msg.startswith(f"TrainConfig.data_root={str(tmp_path)!r} holds MNIST's files in "), msg
     assert "lacks" not in msg and "but torchvision can't be imported with this torch (" in msg, msg
     assert "install the torchvision paired with this torch" in msg and "dataset='mnist-5k'" in msg, msg
 
 
-
 def test_a_named_empty_root_still_says_it_lacks_the_files(monkeypatch, tmp_path):
     """No files and no torchvision: the refusal names the missing files and why they can't be downloaded."""
-    from ddp_helpers import TrainConfig
-
-    monkeypatch.setitem(sys.modules, "torchvision", None)
-    sources.clear_cache()
-    try:
-        with pytest.raises(DataError) as e:
-            sources.load_data(TrainConfig(dataset="mnist", data_root=str(tmp_path)))
-    finally:
-        sources.clear_cache()
-    msg = str(e.value)
+    msg = _refusal_without_torchvision(monkeypatch, tmp_path)
     assert msg.startswith(f"TrainConfig.data_root={str(tmp_path)!r} holds no MNIST: "), msg
     assert "can't be downloaded (torchvision can't be imported)" in msg and "dataset='mnist-5k'" in msg, msg
