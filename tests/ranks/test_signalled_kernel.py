@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from _procs import default_signals
+
 SCRIPT = """
 import sys, time
 from ddp_helpers import launch
@@ -35,7 +37,8 @@ def test_a_signalled_launcher_leaves_no_folder(signum, tmp_path):
         script.write_text(SCRIPT)
         marker = str(tmp_path / "started")
         proc = subprocess.Popen([sys.executable, str(script), marker], cwd=str(tmp_path),
-                                env={**os.environ, "TMPDIR": temp, "PYTHONPATH": os.getcwd()})
+                                env={**os.environ, "TMPDIR": temp, "PYTHONPATH": os.getcwd()},
+                                preexec_fn=default_signals)  # under `nohup make test` SIGHUP would stay ignored
         deadline = time.monotonic() + 240
         while not all(os.path.exists(f"{marker}{r}") for r in (0, 1)):  # both ranks running
             assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
