@@ -35,7 +35,7 @@ demo: env
 	@echo "open $(OUT)/loss.png, $(OUT)/grad_norms.png, $(OUT)/fingerprints.png"
 
 # The notebooks that print numeric comparisons (by hand vs DDP, DDP vs one process, accumulation, fp16), compared
-# again with other CPU kernels: torch's without SIMD (ATEN_CPU_CAPABILITY=default) and MKL's vendor-neutral
+# with other CPU kernels: torch's without SIMD (ATEN_CPU_CAPABILITY=default) and MKL's vendor-neutral
 # ones (MKL_CBWR=COMPATIBLE). The last bits of float32 sums change with them, as on another CPU; the stored
 # outputs must not (notebooks/README.md says how they avoid it). Paths inside notebooks/. Notebook 00 is not
 # among them (issue 52: each proof once): what it computes with floats repeats these notebooks' cells, its
@@ -45,8 +45,10 @@ NUMERIC_NBS   = 03_ddp_gradient_sync.ipynb 03b_build_ddp_sync.ipynb 04_two_proce
 
 # Every test: unit and process tests; the executed notebooks compared by nbval as a pip user gets them
 # (tools/pip_user.py: the wheel installed outside the repository, the notebooks copied out by its console script),
-# and in the same pytest session the numeric ones again, as copies whose kernels get OTHER_KERNELS (only the
-# kernels and what they start: tools/nbval_ipc.py). Each part on two pytest-xdist workers (XDIST=-n0: one
+# the numeric ones as copies whose kernels get OTHER_KERNELS (only the kernels and what they start:
+# tools/nbval_ipc.py), and only so (--only-again, issue 52: each proof once): their outputs were recorded with the
+# recording machine's own kernels, so a run under other kernels is the one that can find an output that depends
+# on the CPU; a run with the kernels they were recorded with adds nothing it doesn't check too. Each part on two pytest-xdist workers (XDIST=-n0: one
 # process): whole test files to each (tests/conftest.py), whole notebooks to each, longest first (--dist loadfile:
 # a notebook's cells share one kernel). More workers than cores make the timing bounds of the process tests fail.
 # nbval's kernels use Unix sockets (tools/nbval_ipc.py): a TCP port picked for a kernel can be taken before the
@@ -64,7 +66,7 @@ test-unit: env
 # two workers kept busy to the end, where two sessions each ended on one worker's last notebook.
 test-notebooks: env
 	$(PY) tools/pip_user.py $(addprefix --again ,$(NUMERIC_NBS)) $(addprefix --again-env ,$(OTHER_KERNELS)) \
-	    -- -q $(XDIST) --dist loadfile
+	    --only-again -- -q $(XDIST) --dist loadfile
 
 # The lowest torch pyproject.toml claims (torch>=2.13), in a venv of its own ($(FLOOR_VENV)): the unit tests, then
 # notebooks 0-5 and the exercises run cell by cell (--nbval-lax: any error fails; the stored outputs are

@@ -17,8 +17,11 @@ shared with tests/project/test_packaging.py (make test builds it in its unit par
 
 --again runs notebooks a second time in the same pytest session (one start of pytest and its xdist workers, one
 collection), as copies in again/ whose kernels get --again-env's variables (tools/nbval_ipc.py): make test's
-numeric notebooks with other CPU kernels. The notebooks go to pytest longest first (SECONDS), so that with
---dist loadfile no long notebook starts while the other worker has nothing left to do.
+numeric notebooks with other CPU kernels. With --only-again those notebooks run only as the copies: make test's
+numeric notebooks were recorded on their machine's own kernels, so their run under other kernels is the comparison
+that can fail where a run with the recording's kernels could not (issue 52: each proof once). The notebooks go to
+pytest longest first (SECONDS), so that with --dist loadfile no long notebook starts while the other worker has
+nothing left to do.
 """
 from __future__ import annotations
 
@@ -182,6 +185,11 @@ def longest_first(names: List[str]) -> List[str]:
     return sorted(names, key=lambda name: (-SECONDS.get(name, 0.0), name))
 
 
+def as_they_are(names: List[str], again: List[str], only_again: bool) -> List[str]:
+    """The notebooks that run as they are: names, less those that run only as again/ copies."""
+    return [name for name in names if not (only_again and name in again)]
+
+
 def _variables(pairs: List[str], p: argparse.ArgumentParser) -> Dict[str, str]:
     """--again-env's NAME=VALUE pairs as a dict; a usage error for one without a name or '='."""
     env = {}
@@ -203,10 +211,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "kernel gets --again-env's variables (repeat for more)")
     p.add_argument("--again-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a variable for the kernels of --again's copies (repeat for more)")
+    p.add_argument("--only-again", action="store_true",
+                   help="run --again's notebooks only as their copies, not also as they are")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     again_env = _variables(args.again_env, p)
     if args.again_env and not args.again:
         p.error("--again-env without --again: name the notebooks to run again with those variables")
+    if args.only_again and not args.again:
+        p.error("--only-again without --again: name the notebooks to run only as copies")
     missing = [name for name in args.notebooks + args.again if not (ROOT / "notebooks" / name).is_file()]
     if missing:  # the copies are the stored notebooks: what isn't in notebooks/ won't be among them
         p.error(f"not in notebooks/: {', '.join(missing)} (give paths inside notebooks/)")
@@ -216,9 +228,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"wheel built (or taken from {CACHE.relative_to(ROOT)}), installed outside the repository and its "
               f"notebooks copied out in "
               f"{time.perf_counter() - start:.1f} s; nbval runs the copies", flush=True)
-        names = (args.notebooks or notebooks_in(dest)) + again_copies(dest, args.again, again_env)
+        names = as_they_are(args.notebooks or notebooks_in(dest), args.again, args.only_again)
+        names += again_copies(dest, args.again, again_env)
         if args.again:
-            print(f"{AGAIN}/ runs {len(args.again)} of them again, their kernels with "
+            how = "only" if args.only_again else "again"
+            print(f"{AGAIN}/ runs {len(args.again)} of them {how}, their kernels with "
                   f"{' '.join(f'{k}={v}' for k, v in again_env.items()) or 'no other variable'}", flush=True)
         paths = [str(dest / name) for name in longest_first(names)]
         plugins = pathlib.Path(work) / "plugins"  # nbval_ipc alone, so the kernels can import nothing else of tools/

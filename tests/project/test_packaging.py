@@ -241,6 +241,9 @@ def test_pip_user_runs_notebooks_again_as_copies_whose_folder_names_their_kernel
     monkeypatch.setattr(pip_user, "SECONDS", {"03_a.ipynb": 10.0, "04_b.ipynb": 50.0, "again/04_b.ipynb": 40.0})
     assert pip_user.longest_first(pip_user.notebooks_in(dest) + again) == [
         "04_b.ipynb", "again/04_b.ipynb", "03_a.ipynb", "again/appendix/A1.ipynb", "appendix/A1.ipynb"]
+    names, twice = pip_user.notebooks_in(dest), ["04_b.ipynb", "appendix/A1.ipynb"]
+    assert pip_user.as_they_are(names, twice, only_again=False) == names
+    assert pip_user.as_they_are(names, twice, only_again=True) == ["03_a.ipynb"]  # --only-again: as copies only
     (dest / "again" / ipc.KERNEL_ENV_FILE).write_text('{"ATEN_CPU_CAPABILITY": 0}')
     with pytest.raises(ValueError, match="JSON object of variable names to strings"):
         ipc.folder_env(str(dest / "again"))
@@ -249,6 +252,7 @@ def test_pip_user_runs_notebooks_again_as_copies_whose_folder_names_their_kernel
 @pytest.mark.parametrize("argv, says", [
     (["--again", "03_ddp_gradient_sync.ipynb", "--again-env", "ATEN_CPU_CAPABILITY"], "give NAME=VALUE"),
     (["--again-env", "MKL_CBWR=COMPATIBLE"], "--again-env without --again"),
+    (["--only-again"], "--only-again without --again"),
     (["--again", "03_ddp_gradient_sync"], "not in notebooks/: 03_ddp_gradient_sync "),
 ])
 def test_pip_user_refuses_what_it_cant_run_again_before_building_anything(argv, says, capsys, monkeypatch):
