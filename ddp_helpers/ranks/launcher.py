@@ -1,22 +1,22 @@
 """launch(): start N ranks from a notebook or script, watch them, and end them all cleanly whatever happens."""
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import pickle
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
-from ..common.torch_state import import_torch
+from ..common.torch_state import half_imported, import_torch
 from .arguments import check_flags, check_launch_arguments
 from .boot import rank_main
 from .cells import name_cells
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from .echo import LaunchEcho, echo_for
+from .joining import RankExited, RankProcesses
 from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
 from .outbox import read_reports
@@ -26,9 +26,6 @@ from .report import RankFailedError, diagnose, raised_in_collective
 from .shared_watch import SharedWatch
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .store import bind_listener, serve_store
-
-if TYPE_CHECKING:
-    from torch.multiprocessing.spawn import ProcessContext
 
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
 # module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
@@ -164,8 +161,9 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     check_launch_arguments(fn, world_size, args, backend, host, port, threads_per_rank, on_poll, poll_s, bind_cores,
                            init_group, run_dir, watch_shared)
     check_flags(quiet=quiet)
-    import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
-    method = check_start_method(start_method)
+    if half_imported():
+        import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
+    method = check_start_method(start_method)  # torch is imported only where the launch needs it (fork, GPUs)
     backend = check_launch(world_size, backend, host, port, timeout_s)
     threads = threads_per_rank or default_threads(world_size)
     if init_group:
@@ -266,11 +264,9 @@ def _listen(host: str, port: int, listen: bool):
 
 
 def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred,
-                 procs: List[Any]) -> ProcessContext:
-    """Start the rank processes, appending each to procs; torch's ProcessContext then watches them (its error
-    files are never written: ranks report through files of the log folder)."""
-    from torch.multiprocessing.spawn import ProcessContext
-
+                 procs: List[Any]) -> RankProcesses:
+    """Start the rank processes, appending each to procs; RankProcesses then watches them (ranks report
+    through files of the log folder)."""
     if method == "fork":
         # DDP's constructor imports torch._dynamo (seconds: docs/benchmarks.md). Importing it once in the parent: every
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
@@ -285,14 +281,12 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
             procs.append(p)
         if pending:
             raise KeyboardInterrupt
-    context = ProcessContext(procs, [os.path.join(spec.run_dir, f"rank{r}.err") for r in range(world_size)])
-    context.forkserver_pid = _forkserver_pid() if method == "forkserver" else None  # whose death would end them
-    return context
+    return RankProcesses(procs, _forkserver_pid() if method == "forkserver" else None)
 
 
-def _supervise(context: ProcessContext, method: str, run_dir: str, world_size: int,
+def _supervise(context: RankProcesses, method: str, run_dir: str, world_size: int,
                on_poll: Optional[Callable[[], None]], poll_s: float, echo: Optional[LaunchEcho]) -> List[Any]:
-    """Wait for every rank, showing what they print; on the first failure end them all (torch's join) and raise
+    """Wait for every rank, showing what they print; on the first failure end them all (RankProcesses.join) and raise
     RankFailedError."""
     try:
         failed = _watch(context, on_poll, poll_s, echo)
@@ -301,7 +295,7 @@ def _supervise(context: ProcessContext, method: str, run_dir: str, world_size: i
             echo.finish()  # every line the ranks wrote, before their values or the error
     if failed is not None:
         err = _failure(failed, context, method, run_dir, world_size, echo)
-        raise err from err.__cause__  # the rank's own exception, not torch's ProcessExitedException
+        raise err from err.__cause__  # the rank's own exception, not RankExited
     if on_poll is not None:
         on_poll()
     reports = read_reports(run_dir, world_size)
@@ -312,35 +306,27 @@ def _supervise(context: ProcessContext, method: str, run_dir: str, world_size: i
     return [pickle.loads(reports[r].value) for r in range(world_size)]
 
 
-def _watch(context: ProcessContext, on_poll: Optional[Callable[[], None]], poll_s: float,
+def _watch(context: RankProcesses, on_poll: Optional[Callable[[], None]], poll_s: float,
            echo: Optional[LaunchEcho]) -> Optional[int]:
-    """Poll until every rank has exited (None) or one failed (its index: torch's join has ended the others)."""
-    from torch.multiprocessing.spawn import ProcessException
-
-    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
-    level = spawn_log.level
-    spawn_log.setLevel(logging.ERROR)  # its "Terminating process <pid>" warnings: RankFailedError tells the story
-    try:
-        while True:
-            if on_poll is not None:
-                on_poll()
-            if echo is not None:
-                echo.poll()
-            try:
-                # join waits only on ranks still running; on a failure it gives the others SETTLE_S to report
-                # their side, then terminates them.
-                if context.join(timeout=poll_s, grace_period=window_s("SETTLE_S")):
-                    return None
-            except ProcessException as e:
-                return e.error_index
-    finally:
-        spawn_log.setLevel(level)
+    """Poll until every rank has exited (None) or one failed (its index: join has ended the others)."""
+    while True:
+        if on_poll is not None:
+            on_poll()
+        if echo is not None:
+            echo.poll()
+        try:
+            # join waits only on ranks still running; on a failure it gives the others SETTLE_S to report their
+            # side, then terminates them.
+            if context.join(timeout=poll_s, grace_s=window_s("SETTLE_S")):
+                return None
+        except RankExited as e:
+            return e.index
 
 
-def _failure(first: int, context: ProcessContext, method: str, run_dir: str, world_size: int,
+def _failure(first: int, context: RankProcesses, method: str, run_dir: str, world_size: int,
              echo: Optional[LaunchEcho] = None) -> RankFailedError:
     codes = [p.exitcode for p in context.processes]
-    server = getattr(context, "forkserver_pid", None)
+    server = context.forkserver_pid
     reports = read_reports(run_dir, world_size)
     for report in reports.values():
         report.traceback_text = name_cells(report.traceback_text)  # a learner's cell as IPython names it

@@ -14,6 +14,8 @@ from .cores import binding_plan, cpu_budget
 
 def resolve_backend(backend: str, world_size: int) -> str:
     """'auto' -> nccl when CUDA has at least world_size GPUs, else gloo; checks that nccl can place the ranks."""
+    if backend == "gloo":
+        return backend  # nothing to ask torch: a launcher without torch imported stays so
     import torch
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -96,6 +96,7 @@ WARM_UP_THEN_LAUNCH = textwrap.dedent("""
     server = fs._forkserver._forkserver_pid
     print("torch before:", "torch" in sys.modules, "server:", server is not None, flush=True)
     print("ranks:", ddp_helpers.launch(operator.add, 2), "same server:", fs._forkserver._forkserver_pid == server)
+    print("torch after:", "torch" in sys.modules)  # the ranks had it from the server: this process never needed it
 """)
 
 
@@ -105,7 +106,7 @@ def test_warm_up_starts_the_server_before_torch_is_imported_and_the_launch_uses_
     out = subprocess.run([sys.executable, "-c", WARM_UP_THEN_LAUNCH], capture_output=True, text=True, cwd=root,
                          env=dict(os.environ, PYTHONPATH=root, DDP_HELPERS_PROGRESS="0"), timeout=120)
     lines = without_torch_note(out.stdout).splitlines()
-    assert lines == ["torch before: False server: True", "ranks: [2, 3] same server: True"], (
+    assert lines == ["torch before: False server: True", "ranks: [2, 3] same server: True", "torch after: False"], (
         out.stdout + out.stderr)
 
 

@@ -73,8 +73,6 @@ def test_keyboard_interrupt_in_the_notebook_ends_every_child(tmp_path):
 def test_an_interrupt_while_the_ranks_start_ends_those_already_running(monkeypatch):
     # Ctrl-C (or any error) after a rank started but before the launcher watches them: those started must end
     # too, or they wait in the rendezvous and the program's exit hangs joining them.
-    import torch.multiprocessing.spawn  # noqa: F401 - the module; its name is shadowed by the function spawn
-
     started, interrupted = [], []
 
     def interrupted_here(procs, *a, **k):
@@ -82,7 +80,7 @@ def test_an_interrupt_while_the_ranks_start_ends_those_already_running(monkeypat
         interrupted.append(time.monotonic())
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sys.modules["torch.multiprocessing.spawn"], "ProcessContext", interrupted_here)
+    monkeypatch.setattr(L, "RankProcesses", interrupted_here)  # what watches them, once all have started
     with pytest.raises(KeyboardInterrupt):
         launch(_hello, 2, start_method="fork")
     returned = time.monotonic()
