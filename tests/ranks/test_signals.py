@@ -35,7 +35,10 @@ def _cmd(p: psutil.Process) -> str:
 
 
 def _ranks_of_this_process() -> list:
-    return [p for p in psutil.Process().children() if not any(s in _cmd(p) for s in ("resource_tracker", "forkserver"))]
+    # By what multiprocessing runs in its helpers, not a bare word: a forked rank's command line is pytest's, which
+    # may name a file such as test_forkserver_signals.py.
+    helpers = ("multiprocessing.resource_tracker import main", "multiprocessing.forkserver import main")
+    return [p for p in psutil.Process().children() if not any(s in _cmd(p) for s in helpers)]
 
 
 def _hello(rank, world_size):
