@@ -20,6 +20,10 @@ from ddp_helpers.ranks.placement import free_port
 
 from _procs import running
 
+# multiprocessing's helpers by what they run: a forked rank's command line is pytest's, which may name a file
+# such as test_forkserver_signals.py
+MP_HELPERS = ("multiprocessing.resource_tracker import main", "multiprocessing.forkserver import main")
+
 SMALL = TrainConfig(dataset="mnist-5k", max_steps=12, threads_per_rank=1)
 DETECT_S = 10  # from a failure to run_training raising: the launcher polls, ends the others and reads the rows
 
@@ -89,7 +93,7 @@ def test_rank_killed_from_outside_is_detected():
         if killed or min(steps) < 3:
             return
         ranks = [p for p in psutil.Process().children() if running(p) and not any(
-            s in _cmd(p) for s in ("resource_tracker", "forkserver"))]  # forked: the ranks are this one's children
+            s in _cmd(p) for s in MP_HELPERS)]  # forked: the ranks are this one's children, with pytest's command line
         if len(ranks) == 2:
             killed["at"] = time.monotonic()
             os.kill(ranks[1].pid, signal.SIGKILL)

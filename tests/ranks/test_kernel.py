@@ -64,8 +64,11 @@ def test_the_stop_button_during_a_launch_shows_one_line_and_ends_every_rank(kern
     deadline = time.monotonic() + 120
     while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # until both ranks run the function
-    ranks = [p for p in psutil.Process(km.provisioner.process.pid).children(recursive=True)
-             if "forkserver" not in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
+    # The ranks are forked from the kernel's forkserver, so they share its command line: they are its children.
+    server = [p for p in psutil.Process(km.provisioner.process.pid).children()
+              if "multiprocessing.forkserver import main" in " ".join(p.cmdline())]
+    ranks = [r for s in server for r in s.children(recursive=True)]
+    assert len(server) == 1 and len(ranks) >= 2, [" ".join(p.cmdline()) for p in server + ranks]
     km.interrupt_kernel()
     error = _error_of(kc, msg_id)
     assert error.get("ename") == "LaunchInterrupted"  # a KeyboardInterrupt; what the notebook shows is below
