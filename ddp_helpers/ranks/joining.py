@@ -1,9 +1,9 @@
 """The rank processes of one launch, joined as torch's `ProcessContext.join` joins them, without torch.
 
 A launcher that has not imported torch (a script whose ranks come from the forkserver, which preloads it) keeps
-it unimported: ~2.5 CPU-s less per program here. And nothing is unpickled from a file: torch's join reads a
-failed rank's error file with pickle when one exists; ours report through the run folder (ranks/outbox.py).
-Standard library only.
+it unimported (what that saves a program: docs/benchmarks.md, issue 52's kill tests). And nothing is unpickled
+from a file: torch's join reads a failed rank's error file with pickle when one exists; ours report through the
+run folder (ranks/outbox.py). Standard library only.
 """
 from __future__ import annotations
 
