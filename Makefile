@@ -48,9 +48,10 @@ NUMERIC_NBS   = 03_ddp_gradient_sync.ipynb 03b_build_ddp_sync.ipynb 04_two_proce
 # the numeric ones as copies whose kernels get OTHER_KERNELS (only the kernels and what they start:
 # tools/nbval_ipc.py), and only so (--only-again, issue 52: each proof once): their outputs were recorded with the
 # recording machine's own kernels, so a run under other kernels is the one that can find an output that depends
-# on the CPU; a run with the kernels they were recorded with adds nothing it doesn't check too. Each part on two pytest-xdist workers (XDIST=-n0: one
-# process): whole test files to each (tests/conftest.py), whole notebooks to each, longest first (--dist loadfile:
-# a notebook's cells share one kernel). More workers than cores make the timing bounds of the process tests fail.
+# on the CPU; a run with the kernels they were recorded with adds nothing it doesn't check too. Each part on two
+# pytest-xdist workers (XDIST=-n0: one process): whole test files to each (tests/conftest.py), whole notebooks to
+# each, longest first (--dist loadfile: a notebook's cells share one kernel). More workers than cores make the
+# timing bounds of the process tests fail.
 # nbval's kernels use Unix sockets (tools/nbval_ipc.py): a TCP port picked for a kernel can be taken before the
 # kernel binds it.
 XDIST ?= -n 2
