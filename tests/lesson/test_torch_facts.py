@@ -386,3 +386,39 @@ def test_12_19_the_rendezvous_names_quoted_exist():
     assert callable(dynamic_rendezvous.DynamicRendezvousHandler.next_rendezvous)
     src = _source(dynamic_rendezvous)
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in src
+
+
+@pytest.mark.parametrize("name", ["bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view",
+                                  "static_graph", "delay_all_reduce_named_params", "param_to_hook_all_reduce",
+                                  "broadcast_buffers", "batched_grad_copy"])
+def test_03b_07_09_10_the_ddp_arguments_quoted_exist(name):
+    assert name in inspect.signature(DDP.__init__).parameters
+
+
+@pytest.mark.parametrize("name", ["Reducer", "_compute_bucket_assignment_by_size", "ProcessGroupGloo"])
+def test_03b17_03b27_the_c10d_bindings_quoted_exist(name):
+    assert hasattr(dist, name)
+
+
+def test_11_4_the_allreduce_op_and_the_dispatch_mode_exist():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    assert isinstance(TorchDispatchMode, type) and hasattr(torch.ops.c10d, "allreduce_")
+
+
+def test_11_16_ddp_marks_its_forward():
+    assert "_inside_ddp_forward" in _source(DDP_MODULE)
+
+
+def test_11_20_optimize_ddp_defaults_to_the_ddp_optimizer():
+    from torch._dynamo import config
+    from torch._dynamo import utils as dynamo_utils
+
+    assert config.optimize_ddp is True
+    assert "ddp_optimizer" in _source(dynamo_utils.get_optimize_ddp_mode)
+
+
+def test_12_19_the_agent_sets_the_restart_count():
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+
+    assert "TORCHELASTIC_RESTART_COUNT" in _source(local_elastic_agent)
