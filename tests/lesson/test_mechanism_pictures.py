@@ -50,6 +50,10 @@ def test_collective_pictures_print_the_real_ranks_values_before_and_after():
         assert f"rank {r}" in texts and str(r + 1) in texts and str(10 * (r + 1)) in texts
     assert texts.count("10") >= 1 + 4 and texts.count("100") == 4
     assert "every rank holds [10, 100]" in d.alt
+    # no server: the sum is a result drawn without a node, and the picture says it is the logical view
+    assert "+" not in texts and "logical view" in d.alt and "ring" in d.alt
+    assert "logical view" in d.figure.axes[0].get_title() and "ring" in d.figure.axes[0].get_title()
+    assert not [t for t in d.figure.findobj(Text) if t.get_bbox_patch() is not None]
     b = draw_collective("broadcast", [r[2] for r in runs], [r[3] for r in runs], src=1)
     assert _texts(b).count("43") == 1 + 4 and "rank 1's tensor goes to every rank" in b.alt
 
@@ -95,7 +99,8 @@ def test_ddp_backward_launches_buckets_in_order_and_waits_in_the_callback():
     assert launches == [f"bucket {i} full: all_reduce (async)" for i in range(3)]
     grads = [t.split(" ->")[0] for t in texts if t.startswith("grad of")]
     assert grads == [f"grad of p{i}" for i in reversed(range(6))]  # last layer first
-    order = ["queue_callback(finalize_backward)", "runs the queued callback", "finalize_backward:",
+    order = ["queue_callback(finalize_backward)", "runs the queued callback", "finalize_backward, bucket by",
+             "bucket 2: wait() blocks", "bucket 2: all-reduce done", "bucket 2: its means are\ncopied into p.grad",
              "backward() returns", "optimizer.step()"]
     where = [next(i for i, t in enumerate(texts) if o in t) for o in order]
     assert where == sorted(where) and where[0] > texts.index(launches[-1])
@@ -103,6 +108,47 @@ def test_ddp_backward_launches_buckets_in_order_and_waits_in_the_callback():
     assert "3 buckets" in d.alt and "schematic" in d.alt
     with pytest.raises(ValueError, match="every parameter index once"):
         ddp_backward_events(names, [[5, 4]])
+
+
+def _rows(events) -> dict:
+    """Each event's text -> its index (time runs down the diagram)."""
+    return {t: i for i, (_, _, t) in enumerate(events)}
+
+
+@pytest.mark.parametrize("buckets", [[[11, 10, 9, 8, 7, 6], [5, 4, 3, 2], [1, 0]],  # notebook 0's real run
+                                     [[5, 4], [3, 2, 1], [0]], [[1, 0]]])
+def test_ddp_backward_is_in_time_order_each_copy_after_its_all_reduce_is_done(buckets):
+    n = len([p for b in buckets for p in b])
+    events = ddp_backward_events([f"p{i}" for i in range(n)], buckets)
+    texts = [t for _, _, t in events]
+    at = _rows(events)
+    for k in range(len(buckets)):  # launched, then done (gloo -> Reducer), then copied into p.grad
+        done = at[f"bucket {k}: all-reduce done"]
+        assert events[done][:2] == (3, 2)
+        assert at[f"bucket {k} full: all_reduce (async)"] < done
+        last = k == len(buckets) - 1  # the early buckets' copies share one note, the last its own
+        copy = next(i for i, t in enumerate(texts) if "copied into p.grad" in t and
+                    (t.startswith(f"bucket {k}:") if last else "finalize_backward" in t))
+        assert done < copy < at["backward() returns"]
+
+
+def test_ddp_backward_shows_a_bucket_all_reducing_while_autograd_still_computes():
+    names = [f"p{i}" for i in range(12)]
+    events = ddp_backward_events(names, [[11, 10, 9, 8, 7, 6], [5, 4, 3, 2], [1, 0]])
+    at = _rows(events)
+    grads = [i for i, (_, _, t) in enumerate(events) if t.startswith("grad of")]
+    # bucket 0 is launched and done between two gradients: its all-reduce ran while backward computed
+    assert grads[0] < at["bucket 0 full: all_reduce (async)"] < at["bucket 0: all-reduce done"] < grads[-1]
+    assert any(at["bucket 0 full: all_reduce (async)"] < g < at["bucket 0: all-reduce done"] for g in grads)
+    # drawn: a bar in gloo's lane from each launch to its end, beside the gradient arrows of those rows
+    fig = draw_ddp_backward(names, [[11, 10, 9, 8, 7, 6], [5, 4, 3, 2], [1, 0]]).figure
+    bars = {r.get_label(): r for r in fig.axes[0].patches
+            if isinstance(r, Rectangle) and r.get_label().endswith("all-reducing")}
+    assert sorted(bars) == [f"bucket {k} all-reducing" for k in range(3)]
+    bar = bars["bucket 0 all-reducing"]
+    assert bar.get_x() > 3 and bar.get_height() > 1  # in gloo's lane (x = 3), over more than one row
+    grad_rows = [t.get_position()[1] for t in fig.axes[0].texts if t.get_text().startswith("grad of p5")]
+    assert grad_rows and bar.get_y() < grad_rows[0] < bar.get_y() + bar.get_height()
 
 
 def test_a_bucket_waits_for_the_one_before_it_even_when_it_is_full_first():
@@ -116,8 +162,21 @@ def test_hook_overlap_labels_every_layer_and_its_top_bar():
     names = [f"layer {i // 2 + 1}" for i in range(12)]
     texts = _texts(draw_hook_overlap(sizes, names))
     for layer in range(1, 7):  # on both backward bars and on the row of per-gradient all-reduces
-        assert texts.count(f"layer {layer}") == 3
+        assert sum(f"layer {layer}" in t.split(", ") for t in texts) >= 3
     assert "all 12 gradients" in texts and "0" not in texts
+
+
+def test_hook_overlap_names_the_layer_of_every_sliver_under_its_label():
+    """The sliver sent right after layer 6's gradients is layer 5's bias: the label it sits under names it."""
+    sizes = [200704, 256, 65536, 1024, 262144, 1024, 262144, 1024, 262144, 1024, 10240, 40]
+    names = [f"layer {i // 2 + 1}" for i in range(12)]
+    fig = draw_hook_overlap(sizes, names).figure
+    total = sum(sizes)
+    bias5_ready = (sizes[11] + sizes[10] + sizes[9]) / total  # backward: layer 6's bias and weight, then 5's bias
+    below = [a for a in fig.axes[0].texts if hasattr(a, "xy") and a.xy[1] < 0.3]  # the all-reduces row's leaders
+    nearest = min(below, key=lambda a: abs(a.xy[0] - bias5_ready))
+    assert abs(nearest.xy[0] - bias5_ready) < 0.07
+    assert "layer 5" in nearest.get_text().split(", ") and "layer 6" in nearest.get_text().split(", ")
 
 
 @pytest.mark.parametrize("w", [2, 3, 4])

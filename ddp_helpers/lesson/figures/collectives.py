@@ -134,7 +134,9 @@ def _ring_alt(h: np.ndarray) -> str:
             f"every rank holds [{final}].")
 
 
-COLLECTIVE_TITLES = {"all_reduce": "dist.all_reduce(t): every rank ends with the sum of all ranks' t",
+COLLECTIVE_TITLES = {"all_reduce": "dist.all_reduce(t): every rank ends with the sum of all ranks' t\n"
+                                    "(the logical view: no rank or server collects the tensors;\n"
+                                    "the ring, drawn below, is how they travel)",
                      "broadcast": "dist.broadcast(t, src={src}): every rank ends with rank {src}'s t"}
 
 
@@ -159,7 +161,9 @@ def draw_collective(op: str, before: Sequence[Sequence[float]], after: Sequence[
     if not 0 <= src < w:
         raise ValueError(f"draw_collective: src={src} is not a rank of the {w} drawn")
     gap = 2.6  # room between the columns for the arrows
-    fig = Figure(figsize=(1.2 + 0.62 * (2 * n + gap), 0.95 + 0.5 * w), layout="constrained", dpi=DPI)
+    lines = COLLECTIVE_TITLES[op].count("\n")
+    fig = Figure(figsize=(1.2 + 0.62 * (2 * n + gap), 0.95 + 0.5 * w + 0.2 * lines), layout="constrained",
+                 dpi=DPI)
     ax = fig.add_subplot()
     hub = (n + gap / 2, (w - 1) / 2)  # all_reduce: every rank's tensor meets in one sum
     for r in range(w):
@@ -168,13 +172,12 @@ def draw_collective(op: str, before: Sequence[Sequence[float]], after: Sequence[
         _tensor_row(ax, n + gap, y, a[r], (rank_color(src) if op == "broadcast" else "#bbbbbb") + "55")
         arrow = dict(arrowstyle="-|>", mutation_scale=9, lw=0.9, shrinkA=0, shrinkB=2)
         if op == "all_reduce":
-            ax.add_patch(FancyArrowPatch((n + 0.05, y), hub, color=rank_color(r), **arrow))
-            ax.add_patch(FancyArrowPatch(hub, (n + gap - 0.05, y), color="#555555", **arrow))
+            ax.add_patch(FancyArrowPatch((n + 0.05, y), hub, color=rank_color(r), **{**arrow, "shrinkB": 12}))
+            ax.add_patch(FancyArrowPatch(hub, (n + gap - 0.05, y), color="#555555", **{**arrow, "shrinkA": 12}))
         else:
             ax.add_patch(FancyArrowPatch((n + 0.05, w - 1 - src), (n + gap - 0.05, y), color=rank_color(src), **arrow))
     if op == "all_reduce":
-        ax.text(*hub, "+", ha="center", va="center", fontsize=11, fontweight="bold",
-                bbox=dict(boxstyle="circle", facecolor="white", edgecolor="black", lw=0.8))
+        ax.text(*hub, "sum", ha="center", va="center", fontsize=8, style="italic")  # a result, not a node
     ax.set_yticks(range(w), [f"rank {r}" for r in reversed(range(w))], fontsize=9)
     ax.set_xticks([n / 2, n + gap + n / 2], ["before", "after"], fontsize=9)
     ax.xaxis.tick_top()
@@ -193,7 +196,9 @@ def _collective_alt(op: str, b: np.ndarray, a: np.ndarray, src: int) -> str:
     same = all(np.array_equal(row, a[0]) for row in a)
     end = (f"every rank holds {vals(a[0])}" if same else
            "; ".join(f"rank {r} {vals(row)}" for r, row in enumerate(a)))
-    how = ("each rank's tensor goes into one sum, which goes back to every rank" if op == "all_reduce" else
+    how = ("each rank's tensor goes into one sum, which every rank receives (the logical view: no rank or "
+           "server collects the tensors; a ring of sends between neighbours is how they travel)"
+           if op == "all_reduce" else
            f"rank {src}'s tensor goes to every rank and overwrites theirs")
     return (f"{op} on {b.shape[0]} real ranks, one row per rank, each tensor's values in its boxes: before, "
             f"{start}; {how}; after, {end}.")

@@ -34,18 +34,16 @@ def _draw_labels(ax: Any, y: float, spans: Sequence[tuple], below: bool, force: 
     """The labels of spans (inside, or beside: _place_beside); None, with nothing left drawn, where the ones
     beside would crowd (unless force)."""
     inside, drawn = set(), []
-    for name, a, b in spans:
+    for i, (name, a, b) in enumerate(spans):
         text = ax.text((a + b) / 2, y, name, ha="center", va="center", fontsize=7, color="white")
-        if name not in inside and _data_width(ax, text) < 0.92 * (b - a):
-            inside.add(name)
+        if name not in {spans[j][0] for j in inside} and _data_width(ax, text) < 0.92 * (b - a):
+            inside.add(i)
             drawn.append(text)
         else:
             text.remove()
-    beside, shown = [], set()
-    for name, a, b in spans:
-        if name not in inside and name not in shown:
-            shown.add(name)
-            beside.append((name, (a + b) / 2))
+    # every span not labelled inside gets a label beside it, even where its name is written on another span:
+    # a sliver far from its layer's label (layer 5's bias sent beside layer 6) must not read as its neighbour's
+    beside = [(name, (a + b) / 2) for i, (name, a, b) in enumerate(spans) if i not in inside]
     placed = _place_beside(ax, y, beside, below, force)
     if placed is None:
         for text in drawn:
@@ -75,7 +73,7 @@ def _place_beside(ax: Any, y: float, labels: Sequence[tuple], below: bool, force
     items = []
     for group in groups:
         x = (group[0][1] + group[-1][1]) / 2
-        text = ax.annotate(", ".join(n for n, _ in group), xy=(x, y + 0.3 * sign), fontsize=7, ha="left",
+        text = ax.annotate(", ".join(dict.fromkeys(n for n, _ in group)), xy=(x, y + 0.3 * sign), fontsize=7, ha="left",
                            va=va, xytext=(x, y), arrowprops=dict(arrowstyle="-", lw=0.5))
         items.append((text, x, 1.1 * _data_width(ax, text)))  # a tenth to spare
     spots = _spots_uncrossed(items)
