@@ -26,8 +26,20 @@ _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this 
 
 def new_run_dir() -> str:
     """A private run folder for a launch's ranks, marked with its owner, after removing dead launches' folders."""
+    check_temp_dir()
     remove_stale()
     return owned_dir(RUN_DIR_PREFIX)
+
+
+def check_temp_dir(where: Optional[str] = None) -> None:
+    """Refuse (PermissionError, before any process starts) a temp dir with a folder on its way that another user
+    owns or can write without the sticky bit: they could swap a run folder for one of theirs (common/trusted.py)."""
+    from ..common.trusted import UntrustedFolder, path_problem
+
+    where = where or tempfile.gettempdir()
+    problem = path_problem(where)
+    if problem:
+        raise UntrustedFolder(problem, f"the temp dir {where} (TMPDIR), where a launch's run folder goes,")
 
 
 def owned_dir(prefix: str, where: Optional[str] = None) -> str:

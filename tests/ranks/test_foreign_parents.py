@@ -1,0 +1,173 @@
+"""No folder on the way to an output that another user owns or can write without the sticky bit is trusted
+(issue 61, N1): a checkpoint folder, --out, the temp dir of the run folders. Each path is judged from the root,
+and a checkpoint is written and pruned relative to the folder it opened, so a swap after the check can't
+redirect a write or an unlink.
+
+The other user is `nobody`, as in test_foreign_folders.py: the test (as root) plants from a child that drops to
+that user."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from ddp_helpers import ConfigError
+from ddp_helpers.common.files import check_writable_dir, probe_output_dir
+from tests.ranks.test_foreign_folders import NOBODY, as_nobody, needs_root, shared_tmp  # noqa: F401 - a fixture
+
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes and links")
+
+
+def precious_folder(tmp_path) -> dict:
+    """The owner's folder another user would aim at: two files named like checkpoints, and their bytes."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    files = {"ckpt-0000001.pt": b"the owner's first", "ckpt-0000002.pt": b"the owner's second"}
+    for name, data in files.items():
+        (precious / name).write_bytes(data)
+    return {"folder": precious, "files": files}
+
+
+def unchanged(precious: dict) -> bool:
+    folder = precious["folder"]
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))} == precious["files"]
+
+
+@needs_root
+def test_the_issues_scenario_writes_and_removes_nothing_in_the_owners_folder(shared_tmp, tmp_path, monkeypatch):
+    """checkpoint_dir <tmp>/x/sub/ckpt, none of it there when the settings are checked; then another user makes
+    <tmp>/x/sub (0777, theirs) and, after the first save, swaps ckpt for a link to the owner's folder. The first
+    save is refused, naming <tmp>/x and its owner; nothing in the owner's folder is overwritten or pruned."""
+    from ddp_helpers import TrainConfig, run_training
+    from ddp_helpers.engine import checkpoint, config
+    from ddp_helpers.ranks.report import RankFailedError
+
+    precious = precious_folder(tmp_path)
+    x = os.path.join(shared_tmp, "x")
+    ckpt = os.path.join(x, "sub", "ckpt")
+    real_check, real_save = config.check_writable_dir, checkpoint.save_checkpoint
+
+    def check_then_plant(name, path, *a, **k):
+        real_check(name, path, *a, **k)  # nothing there yet: accepted
+
+        def plant():
+            os.makedirs(os.path.join(x, "sub"))
+            os.chmod(x, 0o777)
+            os.chmod(os.path.join(x, "sub"), 0o777)
+        as_nobody(plant)
+
+    def save_then_swap(directory, step, *a, **k):
+        if step == 2:  # after the first save: ckpt becomes a link to the owner's folder
+            as_nobody(lambda: (os.rename(ckpt, ckpt + ".old"), os.symlink(precious["folder"], ckpt)))
+        return real_save(directory, step, *a, **k)
+
+    monkeypatch.setattr(config, "check_writable_dir", check_then_plant)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save_then_swap)
+    cfg = TrainConfig(dataset="mnist-5k", max_steps=3, checkpoint_dir=ckpt, checkpoint_every=1, checkpoint_keep=1)
+    with pytest.raises(RankFailedError) as e:
+        run_training(cfg, progress=False, start_method="fork")
+    said = str(e.value)
+    assert f"checkpoint_dir={ckpt!r} is not accepted: {x!r} is owned by another user (uid {NOBODY})" in said, said
+    assert "nothing was written" in said and "Choose a folder this user owns" in said
+    assert unchanged(precious)
+    assert not os.path.exists(ckpt) or not any(n.endswith(".pt") for n in os.listdir(ckpt))
+
+
+@needs_root
+@pytest.mark.parametrize("whose", ["another user's", "root's, open to all"])
+def test_a_parent_open_to_others_made_before_is_refused_by_name(whose, shared_tmp, tmp_path):
+    """<tmp>/x/sub (0777) exists before the check, and only the last component is missing: the check names the
+    folder on the way another user can change (not only the nearest existing one), before any process starts."""
+    from ddp_helpers import TrainConfig, run_training
+
+    x, sub = os.path.join(shared_tmp, "x"), os.path.join(shared_tmp, "x", "sub")
+
+    def make():
+        os.makedirs(sub)
+        os.chmod(sub, 0o777)
+    if whose == "another user's":
+        as_nobody(make)
+        why = rf"'{x}' is owned by another user \(uid {NOBODY}\) named nobody"
+    else:
+        make()
+        why = rf"'{sub}' is writable by every user \(mode 0777, without the sticky bit\)"
+    ckpt = os.path.join(sub, "ckpt")
+    with pytest.raises(ConfigError, match=rf"checkpoint_dir='{ckpt}' is not accepted: .*{why}.* choose a folder "
+                                          "this user owns"):
+        check_writable_dir("checkpoint_dir", ckpt)
+    with pytest.raises(ConfigError, match=rf"TrainConfig\.checkpoint_dir=.*{why}"):
+        run_training(TrainConfig(dataset="mnist-5k", max_steps=2, checkpoint_dir=ckpt), progress=False)
+    with pytest.raises(ValueError, match=rf"--out '{sub}/out' is not accepted: {why}"):
+        probe_output_dir("--out", os.path.join(sub, "out"))
+    assert os.listdir(sub) == []  # nothing made, nothing probed
+
+
+@needs_root
+def test_a_temp_dir_another_user_can_change_is_refused_before_any_rank_starts(shared_tmp, monkeypatch):
+    import tempfile
+
+    from ddp_helpers import launch
+
+    theirs = os.path.join(shared_tmp, "theirs")
+    as_nobody(lambda: (os.mkdir(theirs), os.chmod(theirs, 0o777)))
+    monkeypatch.setattr(tempfile, "tempdir", theirs)
+    with pytest.raises(PermissionError, match=rf"the temp dir {theirs} \(TMPDIR\).* is not accepted: '{theirs}' is "
+                                              rf"owned by another user \(uid {NOBODY}\)"):
+        launch(print, 1)
+    assert os.listdir(theirs) == []
+
+
+@posix_only
+def test_a_checkpoint_folder_swapped_after_opening_is_neither_written_nor_pruned(tmp_path):
+    """The writer's own guarantee, whoever swaps: the folder opened is the one written into and pruned."""
+    import torch
+
+    from ddp_helpers.engine.checkpoint import drop_older, open_checkpoint_dir, save_checkpoint
+
+    precious = precious_folder(tmp_path)
+    ckpt = tmp_path / "run" / "ckpt"
+    with open_checkpoint_dir(str(ckpt)) as folder:
+        save_checkpoint(folder, 1, {"w": torch.zeros(3)}, {}, {})
+        os.rename(ckpt, tmp_path / "run" / "moved")
+        os.symlink(precious["folder"], ckpt)
+        save_checkpoint(folder, 2, {"w": torch.ones(3)}, {}, {})
+        assert drop_older(folder, 1) == [str(ckpt / "ckpt-0000001.pt")]
+    assert unchanged(precious)
+    assert sorted(os.listdir(tmp_path / "run" / "moved")) == ["ckpt-0000002.pt"]
+
+
+@posix_only
+def test_pruning_removes_only_regular_files(tmp_path):
+    from ddp_helpers.engine.checkpoint import drop_older
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    os.symlink(victim, ckpt / "ckpt-0000001.pt")  # a link and a folder named like old checkpoints
+    (ckpt / "ckpt-0000002.pt").mkdir()
+    (ckpt / "ckpt-0000003.pt").write_bytes(b"old")
+    (ckpt / "ckpt-0000004.pt").write_bytes(b"new")
+    assert drop_older(str(ckpt), 1) == [str(ckpt / "ckpt-0000003.pt")]
+    assert sorted(os.listdir(ckpt)) == ["ckpt-0000001.pt", "ckpt-0000002.pt", "ckpt-0000004.pt"]
+    assert victim.read_bytes() == b"keep"
+
+
+def test_without_dir_fds_or_owners_outputs_are_written_by_path(tmp_path, monkeypatch):
+    """Windows' branch: no dir_fd and no os.getuid; checkpoints are still written, renamed and pruned."""
+    import torch
+
+    from ddp_helpers.common import trusted
+    from ddp_helpers.engine.checkpoint import drop_older, open_checkpoint_dir, save_checkpoint
+
+    monkeypatch.setattr(trusted, "dir_fds_work", lambda: False)
+    monkeypatch.delattr(os, "getuid", raising=False)
+    ckpt = tmp_path / "a" / "ckpt"
+    with open_checkpoint_dir(str(ckpt)) as folder:
+        assert folder.fd is None
+        for step in (1, 2, 3):
+            save_checkpoint(folder, step, {"w": torch.full((2,), float(step))}, {}, {})
+        drop_older(folder, 2)
+    assert sorted(os.listdir(ckpt)) == ["ckpt-0000002.pt", "ckpt-0000003.pt"]
+    assert torch.load(ckpt / "ckpt-0000003.pt", weights_only=True)["model"]["w"].tolist() == [3.0, 3.0]
