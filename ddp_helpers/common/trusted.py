@@ -86,7 +86,8 @@ class UntrustedFolder(PermissionError):
     def __init__(self, problem: str, what: str = "the folder"):
         self.problem = problem
         super().__init__(f"{what} is not accepted: {problem}: that user could put a link in its place, and "
-                         f"redirect what is written or removed there; nothing was written. {_sentence(fix_for(problem))}")
+                         "redirect what is written or removed there; nothing was written. "
+                         f"{_sentence(fix_for(problem))}")
 
 
 def _parts(path: str) -> Tuple[str, List[str]]:
