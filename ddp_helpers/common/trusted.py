@@ -19,6 +19,12 @@ from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 _HOPS = 40  # links followed on one path before giving up (the kernel's own limit, ELOOP)
 
 
+def _dir_flags() -> int:
+    """How a folder on the way is opened: O_PATH where there is one (Linux), so a folder this user may enter but
+    not list (mode 0711) is still walked; else O_RDONLY, which needs it readable."""
+    return os.O_DIRECTORY | getattr(os, "O_PATH", os.O_RDONLY)
+
+
 def dir_fds_work() -> bool:
     """Can this platform open, make, stat, read links, rename and unlink relative to a folder's descriptor?
     (Linux and macOS can; Windows can't, and its outputs are judged and written by path.)"""
@@ -104,7 +110,7 @@ class _Walk:
         self.root, self.by_fd = root, by_fd
         self.shown, self.fd = root, None
         if by_fd:
-            self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+            self.fd = os.open(root, _dir_flags())
         self.judge(os.fstat(self.fd) if by_fd else os.lstat(root), root)
 
     def judge(self, st: os.stat_result, shown: str) -> None:
@@ -133,7 +139,7 @@ class _Walk:
             self.judge(os.lstat(shown), shown)
             self.shown = shown
             return
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+        fd = os.open(name, _dir_flags() | os.O_NOFOLLOW, dir_fd=self.fd)
         os.close(self.fd)
         self.fd, self.shown = fd, shown
         self.judge(os.fstat(fd), shown)  # the folder opened is the one judged, whatever is renamed later
@@ -215,7 +221,14 @@ class OutputFolder:
     def __init__(self, path: str, what: str = "the folder", create: bool = True):
         self.path, self.what = os.path.expanduser(os.fspath(path)), what
         try:
-            self.fd, self.real, found = walk(self.path, create)
+            try:
+                self.fd, self.real, found = walk(self.path, create)
+            except PermissionError as e:
+                if isinstance(e, UntrustedFolder) or hasattr(os, "O_PATH"):
+                    raise
+                # Without O_PATH (macOS) a folder on the way that may be entered but not listed can't be opened:
+                # the path is judged and written by name instead, as on Windows.
+                self.fd, self.real, found = walk(self.path, create, by_fd=False)
         except UntrustedFolder as e:
             raise UntrustedFolder(e.problem, what) from None
         if not found:
@@ -241,7 +254,13 @@ class OutputFolder:
 
     def names(self) -> List[str]:
         """The names in this folder."""
-        return os.listdir(self.fd if self.fd is not None else self.real)
+        if self.fd is None:
+            return os.listdir(self.real)
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)  # a listable descriptor of this folder
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
 
     def is_file(self, name: str) -> bool:
         """Is `name` here a regular file (not a link, not a folder)?"""

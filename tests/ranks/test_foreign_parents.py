@@ -171,3 +171,44 @@ def test_without_dir_fds_or_owners_outputs_are_written_by_path(tmp_path, monkeyp
         drop_older(folder, 2)
     assert sorted(os.listdir(ckpt)) == ["ckpt-0000002.pt", "ckpt-0000003.pt"]
     assert torch.load(ckpt / "ckpt-0000003.pt", weights_only=True)["model"]["w"].tolist() == [3.0, 3.0]
+
+
+@needs_root
+def test_a_folder_on_the_way_that_may_be_entered_but_not_listed_is_walked(shared_tmp):
+    """root's 0711 folder above the user's own (a shared server's /home, say): the user writes below it as before
+    (Linux opens the folders on the way with O_PATH, which needs no read permission)."""
+    from ddp_helpers.common.trusted import OutputFolder
+
+    above = os.path.join(shared_tmp, "entered-not-listed")
+    os.mkdir(above, 0o711)
+    os.mkdir(os.path.join(above, "theirs"))
+    os.chown(os.path.join(above, "theirs"), NOBODY, NOBODY)
+    import grp  # noqa: F401 - imported here: the child, as nobody, may not read the interpreter's library
+    import pwd  # noqa: F401
+
+    def write():
+        with OutputFolder(os.path.join(above, "theirs", "ckpt")) as out:
+            out.write("ckpt-0000001.pt", lambda fh: fh.write(b"saved"))
+            assert out.names() == ["ckpt-0000001.pt"]
+    as_nobody(write)
+    with open(os.path.join(above, "theirs", "ckpt", "ckpt-0000001.pt"), "rb") as fh:
+        assert fh.read() == b"saved"
+
+
+def test_without_o_path_a_folder_that_cant_be_opened_is_walked_by_path(tmp_path, monkeypatch):
+    """macOS has no O_PATH: a folder on the way this user may enter but not read fails os.open, and the path is
+    then judged and written by name, as on Windows."""
+    from ddp_helpers.common import trusted
+
+    real_walk, tried = trusted.walk, []
+
+    def walk(path, create, by_fd=None):
+        tried.append(by_fd)
+        if by_fd is None:
+            raise PermissionError(13, "Permission denied", "a folder on the way")
+        return real_walk(path, create, by_fd)
+    monkeypatch.delattr(os, "O_PATH", raising=False)
+    monkeypatch.setattr(trusted, "walk", walk)
+    with trusted.OutputFolder(str(tmp_path / "ckpt")) as out:
+        out.write("f", lambda fh: fh.write(b"x"))
+    assert tried == [None, False] and (tmp_path / "ckpt" / "f").read_bytes() == b"x"
