@@ -26,7 +26,7 @@ _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this 
 
 def new_run_dir() -> str:
     """A private run folder for a launch's ranks, marked with its owner, after removing dead launches' folders."""
-    check_temp_dir()
+    check_temp_dir()  # before anything is read or removed there
     remove_stale()
     return owned_dir(RUN_DIR_PREFIX)
 
@@ -39,7 +39,7 @@ def check_temp_dir(where: Optional[str] = None) -> None:
     where = where or tempfile.gettempdir()
     problem = path_problem(where)
     if problem:
-        raise UntrustedFolder(problem, f"the temp dir {where} (TMPDIR), where a launch's run folder goes,")
+        raise UntrustedFolder(problem, f"the temp dir {where} (TMPDIR), where a launch's folders go,")
 
 
 def owned_dir(prefix: str, where: Optional[str] = None) -> str:
@@ -52,6 +52,7 @@ def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     """
     import psutil
 
+    check_temp_dir(where)  # the forkserver's socket folder too: swapped, its socket could be someone else's
     folder = tempfile.mkdtemp(prefix=prefix, dir=where)  # where: None = the temp dir
     with open(os.path.join(folder, "owner"), "w") as fh:
         fh.write(f"{os.getpid()} {psutil.Process().create_time()}")
