@@ -127,7 +127,7 @@ def check_writable_dir(name: str, path: str, owner: str = "TrainConfig") -> None
                           "writable); choose another path")
     problem = path_problem(path)
     if problem:
-        raise ConfigError(f"{head}: a directory of this user's own ({problem}: that user could plant links "
+        raise ConfigError(f"{head}: a directory of this user's own ({problem}: another user could plant links "
                           f"where the run writes); {fix_for(problem)}")
 
 

@@ -72,10 +72,10 @@ def entry_problem(st: os.stat_result, shown: str) -> str:
     return ""
 
 
-def fix_for(problem: str) -> str:
-    """What to do about an entry_problem."""
-    where = ("choose a folder this user owns, in folders of this user's or root's only (under the home folder, "
-             "say; a missing one is made by the run)")
+def fix_for(problem: str, where: str = "") -> str:
+    """What to do about an entry_problem; `where`: the first way out (by default, choosing another folder)."""
+    where = where or ("choose a folder this user owns, in folders of this user's or root's only (under the home "
+                      "folder, say; a missing one is made by the run)")
     if "owned by another user" in problem:
         return where
     return f"{where}, or have that folder's owner take others' write access away (chmod go-w) or set its sticky " \
@@ -91,7 +91,7 @@ class UntrustedFolder(PermissionError):
 
     def __init__(self, problem: str, what: str = "the folder"):
         self.problem = problem
-        super().__init__(f"{what} is not accepted: {problem}: that user could put a link in its place, and "
+        super().__init__(f"{what} is not accepted: {problem}: another user could put a link in its place, and "
                          "redirect what is written or removed there; nothing was written. "
                          f"{_sentence(fix_for(problem))}")
 

@@ -32,14 +32,19 @@ def new_run_dir() -> str:
 
 
 def check_temp_dir(where: Optional[str] = None) -> None:
-    """Refuse (PermissionError, before any process starts) a temp dir with a folder on its way that another user
-    owns or can write without the sticky bit: they could swap a run folder for one of theirs (common/trusted.py)."""
-    from ..common.trusted import UntrustedFolder, path_problem
+    """Refuse (ConfigError naming TMPDIR, before any process starts) a temp dir with a folder on its way that
+    another user owns or can write without the sticky bit: they could swap a launch's folder for one of theirs
+    (common/trusted.py)."""
+    from ..common.errors import ConfigError
+    from ..common.trusted import fix_for, path_problem
 
     where = where or tempfile.gettempdir()
     problem = path_problem(where)
     if problem:
-        raise UntrustedFolder(problem, f"the temp dir {where} (TMPDIR), where a launch's folders go,")
+        raise ConfigError(f"TMPDIR={where!r} (the temp dir, where a launch's folders go) is not accepted: {problem}: "
+                          "another user could swap a folder made there for one of theirs; nothing was made there. "
+                          + fix_for(problem, "Set TMPDIR to a folder this user owns, in folders of this user's or "
+                                             "root's only, before starting Python"))
 
 
 def owned_dir(prefix: str, where: Optional[str] = None) -> str:

@@ -104,17 +104,21 @@ def test_a_parent_open_to_others_made_before_is_refused_by_name(whose, shared_tm
 
 
 @needs_root
-def test_a_temp_dir_another_user_can_change_is_refused_before_any_rank_starts(shared_tmp, monkeypatch):
+def test_a_temp_dir_another_user_can_change_is_refused_before_any_rank_starts(shared_tmp, monkeypatch, capfd,
+                                                                            tmp_path):
     import tempfile
 
     from ddp_helpers import launch
+    from ddp_helpers.cli.train import main
 
     theirs = os.path.join(shared_tmp, "theirs")
     as_nobody(lambda: (os.mkdir(theirs), os.chmod(theirs, 0o777)))
     monkeypatch.setattr(tempfile, "tempdir", theirs)
-    with pytest.raises(PermissionError, match=rf"the temp dir {theirs} \(TMPDIR\).* is not accepted: '{theirs}' is "
-                                              rf"owned by another user \(uid {NOBODY}\)"):
+    with pytest.raises(ConfigError, match=rf"TMPDIR='{theirs}' \(the temp dir.*\) is not accepted: '{theirs}' is "
+                                          rf"owned by another user \(uid {NOBODY}\) named nobody.* Set TMPDIR to"):
         launch(print, 1)
+    assert main(["--dataset", "mnist-5k", "--max-steps", "2", "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    assert f"error: TMPDIR='{theirs}' (the temp dir, where a launch's folders go) is not accepted" in capfd.readouterr().err
     assert os.listdir(theirs) == []
 
 
