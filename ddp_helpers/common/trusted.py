@@ -43,16 +43,19 @@ def owner_text(uid: int) -> str:
 
 
 def _group_shared(gid: int) -> bool:
-    """Could a user other than this one be in group gid? (This user's own primary group with no listed member
-    but this user is not shared: the usual user-private group.)"""
+    """Could a user other than this one be in group gid: listed as a member, or having it as their primary group?
+    (The usual user-private group is not shared.) A group this machine can't look up is shared unless it is this
+    user's own primary group."""
     try:
         import grp
         import pwd
 
-        members = set(grp.getgrgid(gid).gr_mem) - {pwd.getpwuid(os.getuid()).pw_name}
+        me = pwd.getpwuid(os.getuid()).pw_name
+        listed = set(grp.getgrgid(gid).gr_mem) - {me}
+        primary = {u.pw_name for u in pwd.getpwall() if u.pw_gid == gid} - {me}
     except (ImportError, KeyError):
         return gid != os.getgid()
-    return gid != os.getgid() or bool(members)
+    return bool(listed or primary)
 
 
 def entry_problem(st: os.stat_result, shown: str) -> str:

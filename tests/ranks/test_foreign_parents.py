@@ -216,3 +216,21 @@ def test_without_o_path_a_folder_that_cant_be_opened_is_walked_by_path(tmp_path,
     with trusted.OutputFolder(str(tmp_path / "ckpt")) as out:
         out.write("f", lambda fh: fh.write(b"x"))
     assert tried == [None, False] and (tmp_path / "ckpt" / "f").read_bytes() == b"x"
+
+
+@needs_root
+def test_a_parent_its_group_can_write_is_refused_when_another_user_is_in_the_group(shared_tmp):
+    """Group nogroup is nobody's primary group: its members could swap what is below a folder it can write.
+    This user's own private group (root's here) with no other member is not another user."""
+    shared = os.path.join(shared_tmp, "group-shared")
+    os.mkdir(shared)
+    os.chown(shared, 0, NOBODY)
+    os.chmod(shared, 0o775)
+    with pytest.raises(ConfigError, match=rf"'{shared}' is writable by its group \(gid {NOBODY}; mode 0775, without "
+                                          r"the sticky bit\)"):
+        check_writable_dir("checkpoint_dir", os.path.join(shared, "ckpt"))
+    os.chown(shared, 0, 0)
+    check_writable_dir("checkpoint_dir", os.path.join(shared, "ckpt"))
+    os.chown(shared, 0, NOBODY)
+    os.chmod(shared, 0o3775)  # setgid and sticky, a shared project folder: nobody can replace another's entries
+    check_writable_dir("checkpoint_dir", os.path.join(shared, "ckpt"))
