@@ -93,6 +93,7 @@ def unedited_run():
     return run_training(dataset="mnist-5k", max_steps=2, progress=False)
 
 
+@pytest.mark.slow  # a run each
 @pytest.mark.parametrize("op", list(METADATA_EDITS))
 def test_an_in_place_change_of_shape_or_storage_is_named_and_the_next_run_reloads(op, unedited_run):
     edit, said = METADATA_EDITS[op]

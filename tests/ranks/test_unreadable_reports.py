@@ -112,6 +112,7 @@ def _returns(rank: int, world_size: int) -> int:
 
 
 @needs_fork
+@pytest.mark.slow  # a launch each
 @pytest.mark.parametrize("kind", ["garbage", "a class that isn't there", "a value that can't be unpickled"])
 def test_a_launch_whose_rank_left_an_unreadable_report_names_the_rank(kind, monkeypatch):
     contents = pickle.dumps(Report(True, value=b"\x80\x04cut")) if kind.startswith("a value") else FORGED[kind]
