@@ -165,7 +165,9 @@ class Leaver:
         try:
             self._write_partial(report)
         except Exception as e:  # noqa: BLE001 - never hide the failure itself
-            say(f"rank {self.rank}: could not save the partial metrics: {type(e).__name__}: {e}")
+            from ..ranks.report import error_text
+
+            say(f"rank {self.rank}: could not save the partial metrics: {error_text(e)}")
         finally:
             remove_if_last(self.run_dir)
             self.done = True  # only now may a SIGTERM end this process: the folder's removal is part of leaving

@@ -72,8 +72,10 @@ def _check_paths(args: argparse.Namespace, cfg: TrainConfig) -> None:
     is a file, --checkpoint-dir can be made. A typo there costs a tenth of a second, not a forkserver importing torch."""
     from ..common.files import check_writable_dir, probe_output_dir
     from ..engine.config import ConfigError, check_resume_path
+    from ..ranks.cleanup import check_temp_dir
 
     check_resume_path(cfg.resume_from)
+    check_temp_dir()  # where the run folders and the forkserver's socket go
     if cfg.checkpoint_dir is not None:
         check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
     if _writes_results():

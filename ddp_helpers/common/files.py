@@ -6,29 +6,27 @@ import glob
 import os
 import shutil
 import stat
-import tempfile
 from typing import Callable, Optional
 
 from .errors import ConfigError, setting
+from .trusted import OutputFolder, UntrustedFolder, fix_for, path_problem
 
 
 def atomic_write(path: str, write: Callable[[str], None]) -> str:
     """Call write(tmp_path), then rename the file to path: readers see the old file or the complete new one.
 
-    The temporary file is made by mkstemp in the same folder (an unpredictable name, O_CREAT|O_EXCL and, where
-    the platform has it, O_NOFOLLOW): a symlink planted at a guessable name is never written through. The
-    rename replaces whatever is at path, a symlink included, rather than writing through it.
+    The folder is opened through a path judged component by component (common/trusted.py: no folder on the way
+    another user owns or can write without the sticky bit). The temporary file is made in it with an
+    unpredictable name, O_CREAT|O_EXCL and, where the platform has it, O_NOFOLLOW: a symlink planted at a
+    guessable name is never written through. The rename, relative to the folder's descriptor, replaces whatever
+    is at path, a symlink included, rather than writing through it.
     """
     folder, base = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.", suffix=".tmp")
     try:
-        os.close(fd)
-        write(tmp)
-        os.replace(tmp, path)  # atomic on POSIX and Windows (same folder, same filesystem)
-    except BaseException as e:
-        if os.path.lexists(tmp):
-            os.remove(tmp)  # a failed write (a full disk, an interrupt) leaves no half-written file behind
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        with OutputFolder(folder, f"the folder of {path}", create=False) as out:
+            out.write_by_path(base, write)  # atomic on POSIX and Windows (same folder, same filesystem)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"no space left on the device to write {path} "
                                         f"({free_text(path)}); free some space or write to another folder") from e
         raise
@@ -37,7 +35,8 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
 
 def private_dir_problem(path: str) -> str:
     """What makes `path` unfit to hold this user's private files ('' when it is fit): judged by lstat, it must
-    be a real folder (not a symlink), owned by this user, with mode 0700. Windows: only that it is a folder."""
+    be a real folder (not a symlink), owned by this user, with mode 0700, in folders no other user can change
+    (common/trusted.py). Windows: only that it is a folder."""
     try:
         st = os.lstat(path)
     except OSError as e:
@@ -52,12 +51,16 @@ def private_dir_problem(path: str) -> str:
         return f"it is owned by another user (uid {st.st_uid}), not by this user (uid {os.getuid()})"
     if stat.S_IMODE(st.st_mode) != 0o700:
         return f"its mode is {stat.S_IMODE(st.st_mode):04o}, not 0700 (only this user may enter it)"
-    return ""
+    parent = path_problem(os.path.dirname(os.path.abspath(path)))  # or another user could swap it for theirs
+    return f"a folder on its way can be changed by another user: {parent}" if parent else ""
 
 
 def make_private_dir(path: str, what: str, fix: str) -> str:
     """Create folder `path` with mode 0700, or accept an existing one only if private_dir_problem finds nothing;
     raises PermissionError naming `what`, the path, what is wrong and `fix`. Nothing in a refused folder is read."""
+    parent = path_problem(os.path.dirname(os.path.abspath(path)))
+    if parent:  # judged first: nothing is made in a folder another user can change
+        raise UntrustedFolder(parent, f"{what} {path}")
     try:
         os.mkdir(path, 0o700)
         os.chmod(path, 0o700)  # whatever the umask
@@ -81,14 +84,17 @@ def free_text(path: str) -> str:
 
 def probe_output_dir(setting: str, path: str) -> str:
     """Create folder `path` (if needed) and write a probe file in it, so a bad output folder is refused before
-    training rather than after; returns the folder. Raises ValueError naming `setting`."""
+    training rather than after; returns the folder. Raises ValueError naming `setting`. Every folder on the way
+    is judged (common/trusted.py): one another user could change is refused, naming it and its owner."""
     folder = os.path.expanduser(os.fspath(path))
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{setting} {path!r} is an existing file, not a folder; choose a folder")
     try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
-            pass
+        with OutputFolder(folder, f"{setting} {path!r}") as out:
+            out.write(".probe", lambda fh: None)
+            out.remove_file(".probe")
+    except UntrustedFolder as e:
+        raise ValueError(str(e)) from None
     except OSError as e:
         raise ValueError(f"{setting} {path!r} can't be written ({e.strerror or e}); choose a folder this user "
                          "can write") from None
@@ -107,8 +113,9 @@ def nearest_existing(path: str) -> str:
 
 
 def check_writable_dir(name: str, path: str, owner: str = "TrainConfig") -> None:
-    """Refuse a folder path whose nearest existing folder this user can't write, or that another user owns or
-    could change under us (ConfigError naming the setting `owner.name`, e.g. TrainConfig.checkpoint_dir)."""
+    """Refuse a folder path whose nearest existing folder this user can't write, or with a folder on its way that
+    another user owns or could change under us (ConfigError naming the setting `owner.name`, e.g.
+    TrainConfig.checkpoint_dir): each component from the root is judged, not only the last (common/trusted.py)."""
     path = os.path.expanduser(path)
     head = f"{setting(name, path, owner=owner)} is not accepted"
     probe = nearest_existing(path)
@@ -118,25 +125,10 @@ def check_writable_dir(name: str, path: str, owner: str = "TrainConfig") -> None
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{head}: a directory this user can write ({probe!r} is not "
                           "writable); choose another path")
-    problem = foreign_dir_problem(probe) if probe == path else ""
+    problem = path_problem(path)
     if problem:
-        raise ConfigError(f"{head}: a directory of this user's own ({problem}: that "
-                          "user could plant links where the run writes); choose a folder this user owns, or a new "
-                          "path, which the run creates")
-
-
-def foreign_dir_problem(folder: str) -> str:
-    """Why another user could swap files in existing folder `folder` ('' if none): it is owned by another user
-    (root's excepted when only root can write it), or writable by others without the sticky bit."""
-    if not hasattr(os, "getuid"):
-        return ""
-    st = os.stat(folder)
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid not in (os.getuid(), 0):  # root's folders are the system's (a sticky /tmp, /data)
-        return f"{folder!r} is owned by another user (uid {st.st_uid})"
-    if mode & 0o002 and not mode & stat.S_ISVTX:
-        return f"{folder!r} is writable by every user (mode {mode:04o}, without the sticky bit)"
-    return ""
+        raise ConfigError(f"{head}: a directory of this user's own ({problem}: another user could plant links "
+                          f"where the run writes); {fix_for(problem)}")
 
 
 def check_readable_file(name: str, value: str, what: str, pattern: Optional[str] = None, fix: str = "",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -37,6 +37,32 @@ def digest(t: torch.Tensor) -> int:
     return xxhash.xxh3_64_intdigest(raw.numpy())
 
 
+Layout = Tuple[Any, ...]  # what a tensor's in-place metadata ops change: see layout()
+
+
+def layout(t: torch.Tensor) -> Layout:
+    """What t's in-place metadata ops change (transpose_, resize_, unsqueeze_, as_strided_, set_), which its
+    bytes' digest can't see: dtype, shape, strides, storage offset, and which storage (address and size)."""
+    storage = t.untyped_storage()
+    return (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), storage.data_ptr(), storage.nbytes())
+
+
+_LAYOUT_WORDS = ("dtype", "shape", "strides", "storage offset")
+
+
+def layout_change(before: Layout, after: Layout) -> str:
+    """'' if the layouts are equal, else what changed, e.g. 'its shape went from (5000,) to (100,)'."""
+    said = [f"its {word} went from {b} to {a}" for word, b, a in zip(_LAYOUT_WORDS, before, after) if b != a]
+    if before[4:] != after[4:]:
+        said.append("its storage was replaced")
+    return ", ".join(said)
+
+
+def fingerprint(t: torch.Tensor) -> Tuple[Layout, int]:
+    """t's layout and its bytes' digest: together, what no in-place op changes without changing one of them."""
+    return layout(t), digest(t)
+
+
 @dataclass
 class DataSplits:
     """Train and test images as uint8 (N, 28, 28) tensors with int64 labels, plus where they came from."""
@@ -50,7 +76,7 @@ class DataSplits:
     notice: Optional[str] = None  # one-line fallback notice, if the requested data set was replaced
     _train_float: Optional[torch.Tensor] = None
     _guard: Optional[Tuple[str, Callable[[], None]]] = None  # (name, forget) once the data cache holds these
-    _digests: Dict[str, int] = field(default_factory=dict)  # each cached tensor's fingerprint when it was made
+    _digests: Dict[str, Tuple[Layout, int]] = field(default_factory=dict)  # each cached tensor's when it was made
 
     def train_normalized(self) -> torch.Tensor:
         """Training images as normalized float32 in shared memory: computed once, then mapped by every rank.
@@ -63,7 +89,7 @@ class DataSplits:
             if self._guard is not None:
                 guard(self._train_float.untyped_storage().data_ptr(), f"{self._guard[0]}.train_normalized()",
                       self._guard[1])
-                self._digests["_train_float"] = digest(self._train_float)
+                self._digests["_train_float"] = fingerprint(self._train_float)
         return self._train_float
 
     def guard(self, name: str, forget: Callable[[], None]) -> None:
@@ -71,22 +97,32 @@ class DataSplits:
         self._guard = (name, forget)
         for name_ in FIELDS[:4]:
             guard(getattr(self, name_).untyped_storage().data_ptr(), f"{name}.{name_}", forget)
-            self._digests[name_] = digest(getattr(self, name_))
+            self._digests[name_] = fingerprint(getattr(self, name_))
         if self._train_float is not None:
-            self._digests["_train_float"] = digest(self._train_float)
+            self._digests["_train_float"] = fingerprint(self._train_float)
 
     def changed(self) -> List[str]:
-        """The cached tensors whose bytes differ from their fingerprint (changed in place since loaded), named
-        as a notebook reaches them (e.g. "load_data('mnist-5k').train_normalized()")."""
+        """The cached tensors changed in place since loaded: their bytes (named as a notebook reaches them, e.g.
+        "load_data('mnist-5k').train_normalized()"), or their shape, strides, offset or storage (named so, with
+        what changed: "load_data('mnist-5k').train_labels (its shape went from (5000,) to (100,))")."""
         name = self._guard[0] if self._guard is not None else f"load_data({self.name!r})"
-        return [f"{name}.{'train_normalized()' if f == '_train_float' else f}" for f, d in self._digests.items()
-                if digest(getattr(self, f)) != d]
+        found = []
+        for f, (was, bytes_were) in self._digests.items():
+            shown = f"{name}.{'train_normalized()' if f == '_train_float' else f}"
+            t = getattr(self, f)
+            moved = layout_change(was, layout(t)) if isinstance(t, torch.Tensor) else "it is no longer a tensor"
+            if moved:
+                found.append(f"{shown} ({moved})")
+            elif digest(t) != bytes_were:
+                found.append(shown)
+        return found
 
     def warn_changed(self, what: List[str]) -> None:
         """Say that the cached tensors `what` were changed in place, and that they are loaded again."""
         warnings.warn(
             f"the cached {self.name} data ({', '.join(what)}) were changed in place since they were loaded (an "
-            "in-place op such as IMAGES.mul_(2), x.sub_(mean) or images[:] = ... on them or a slice of them, in this "
+            "in-place op such as IMAGES.mul_(2), x.sub_(mean) or images[:] = ... on them or a slice of them, or one "
+            "that changes their shape or storage such as transpose_(), resize_() or set_(), in this "
             "process or in a rank forked from it): they are loaded again from the files, so this run uses the data "
             "as they are stored. Tensors taken before (e.g. a global IMAGES) still hold the changed values: take "
             "them again from load_data(...), and change a copy (x = x.clone() first, or x = x * 2)",

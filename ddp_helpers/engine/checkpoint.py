@@ -7,6 +7,7 @@ whole job: no per-rank files that could go missing or come from different steps,
 """
 from __future__ import annotations
 
+import errno
 import glob
 import io
 import os
@@ -14,14 +15,15 @@ import pickle
 import re
 import shutil
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
 from ..common.errors import refused, setting
-from ..common.files import atomic_write, foreign_dir_problem
+from ..common.files import free_text
+from ..common.trusted import OutputFolder
 from .model import build_model
 from .rng import check_rng_entry, rng_state, set_rng_state
 
@@ -37,32 +39,42 @@ def checkpoint_path(directory: str, step: int) -> str:
     return os.path.join(os.path.expanduser(directory), f"ckpt-{step:07d}.pt")
 
 
-def save_checkpoint(directory: str, step: int, model_state: Dict[str, torch.Tensor], optim_state: Dict[str, Any],
-                    config: Dict[str, Any], rng: Optional[List[Dict[str, Any]]] = None) -> str:
+def save_checkpoint(directory: Union[str, OutputFolder], step: int, model_state: Dict[str, torch.Tensor],
+                    optim_state: Dict[str, Any], config: Dict[str, Any],
+                    rng: Optional[List[Dict[str, Any]]] = None) -> str:
     """Write a checkpoint via a temporary file and a rename, so a crash never leaves a half-written one.
 
+    The folder is opened (made where missing) through a path whose every folder is judged from the root
+    (common/trusted.py), and the file is created and renamed relative to it: a folder another user could change
+    is refused by name, and one swapped for a link after the check is never written into.
     rng: every rank's generator states, rank by rank (rng.rng_state() of each); None leaves them out.
     """
-    path = checkpoint_path(directory, step)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    problem = foreign_dir_problem(os.path.dirname(path))  # made by another user since the settings were checked?
-    if problem:
-        raise PermissionError(f"TrainConfig.checkpoint_dir={directory!r} is not accepted: {problem}; nothing was "
-                              "written there. Choose a folder this user owns")
+    if not isinstance(directory, OutputFolder):
+        with open_checkpoint_dir(directory) as folder:
+            return save_checkpoint(folder, step, model_state, optim_state, config, rng)
     payload = {"step": step, "model": {k: v.detach().cpu() for k, v in model_state.items()},
                "optimizer": _to_cpu(optim_state), "config": config, "format": FORMAT}
     if rng is not None:
         payload["rng"] = _to_cpu(rng)
+    # Serialized in memory first, then written as plain bytes: a full disk then fails as OSError(ENOSPC),
+    # which is said clearly (torch's zip writer reports it as "unexpected pos ...").
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    name = os.path.basename(checkpoint_path(directory.path, step))
+    try:
+        return directory.write(name, lambda fh: fh.write(buf.getbuffer()))
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"no space left on the device to write {name} in {directory.path} "
+                                        f"({free_text(directory.real)}); free some space or write to another "
+                                        "folder") from e
+        raise
 
-    def write(tmp: str) -> None:
-        # Serialized in memory first, then written as plain bytes: a full disk then fails as OSError(ENOSPC),
-        # which atomic_write turns into a clear message (torch's zip writer reports it as "unexpected pos ...").
-        buf = io.BytesIO()
-        torch.save(payload, buf)
-        with open(tmp, "wb") as fh:
-            fh.write(buf.getbuffer())
 
-    return atomic_write(path, write)
+def open_checkpoint_dir(directory: str) -> OutputFolder:
+    """checkpoint_dir opened for writing (made where missing), or PermissionError naming the setting, the
+    folder on its way another user could change, its owner and the fix."""
+    return OutputFolder(directory, f"TrainConfig.checkpoint_dir={directory!r}")
 
 
 class CheckpointError(OSError):
@@ -95,15 +107,19 @@ def save_if_due(cfg: TrainConfig, rank: int, step: int, end: int, model: torch.n
     states = gather_rng_states(device)
     if rank != 0:
         return None  # rank 0 alone writes: all replicas are identical, so one copy is enough (and no write races)
+    folder = None
     try:
-        path = save_checkpoint(cfg.checkpoint_dir, step, model.state_dict(), optimizer.state_dict(), cfg.to_dict(),
-                               rng=states)
+        folder = open_checkpoint_dir(cfg.checkpoint_dir)  # one folder, judged once, for the save and the pruning
+        path = save_checkpoint(folder, step, model.state_dict(), optimizer.state_dict(), cfg.to_dict(), rng=states)
     except OSError as e:
+        if folder is not None:
+            folder.close()
         if step == end:  # the training is done: the caller keeps its result, and says the checkpoint is missing
             raise CheckpointError(f"the final checkpoint (step {step}) could not be written: {e}") from e
         raise
-    if cfg.checkpoint_keep:
-        drop_older(cfg.checkpoint_dir, cfg.checkpoint_keep)
+    with folder:
+        if cfg.checkpoint_keep:
+            drop_older(folder, cfg.checkpoint_keep)
     return path
 
 
@@ -112,12 +128,16 @@ def _by_step(directory: str) -> List[tuple]:
     return sorted((int(m.group(1)), f) for f in files if (m := re.search(r"ckpt-(\d+)\.pt$", f)))
 
 
-def drop_older(directory: str, keep: int) -> List[str]:
-    """Remove all but the `keep` checkpoints with the highest steps in directory; the files removed."""
-    old = [f for _, f in _by_step(directory)[:-keep]]
-    for f in old:
-        os.remove(f)
-    return old
+def drop_older(directory: Union[str, OutputFolder], keep: int) -> List[str]:
+    """Remove all but the `keep` checkpoints with the highest steps in directory; the files removed.
+
+    Only regular files in the folder as opened are removed (relative to its descriptor): a link named like a
+    checkpoint is left alone, and so is whatever a folder swapped in after the opening holds."""
+    if not isinstance(directory, OutputFolder):
+        with open_checkpoint_dir(directory) as folder:
+            return drop_older(folder, keep)
+    found = sorted((int(m.group(1)), n) for n in directory.names() if (m := re.fullmatch(r"ckpt-(\d+)\.pt", n)))
+    return [os.path.join(directory.path, n) for _, n in found[:-keep] if directory.remove_file(n)]
 
 
 def checkpoint_bytes(n_params: int, momentum: bool, world_size: int) -> int:

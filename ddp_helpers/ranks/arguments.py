@@ -78,6 +78,11 @@ def check_run_dir(run_dir: Any) -> None:
     if not isinstance(run_dir, (str, os.PathLike)) or not os.path.isdir(run_dir):
         raise _refuse("run_dir", run_dir, "None (a new private folder, removed at the end) or an existing "
                                           "folder, as ddp_helpers.ranks.cleanup.new_run_dir() makes")
+    from ..common.trusted import fix_for, path_problem
+
+    problem = path_problem(os.fspath(run_dir))
+    if problem:  # another user could swap it, or a folder on its way, for theirs: reports are unpickled from it
+        raise _refuse("run_dir", run_dir, f"a folder no other user can change ({problem}); {fix_for(problem)}")
 
 
 def check_sizes(world_size: Any, threads_per_rank: Any) -> None:

@@ -26,8 +26,25 @@ _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this 
 
 def new_run_dir() -> str:
     """A private run folder for a launch's ranks, marked with its owner, after removing dead launches' folders."""
+    check_temp_dir()  # before anything is read or removed there
     remove_stale()
     return owned_dir(RUN_DIR_PREFIX)
+
+
+def check_temp_dir(where: Optional[str] = None) -> None:
+    """Refuse (ConfigError naming TMPDIR, before any process starts) a temp dir with a folder on its way that
+    another user owns or can write without the sticky bit: they could swap a launch's folder for one of theirs
+    (common/trusted.py)."""
+    from ..common.errors import ConfigError
+    from ..common.trusted import fix_for, path_problem
+
+    where = where or tempfile.gettempdir()
+    problem = path_problem(where)
+    if problem:
+        raise ConfigError(f"TMPDIR={where!r} (the temp dir, where a launch's folders go) is not accepted: {problem}: "
+                          "another user could swap a folder made there for one of theirs; nothing was made there. "
+                          + fix_for(problem, "Set TMPDIR to a folder this user owns, in folders of this user's or "
+                                             "root's only, before starting Python"))
 
 
 def owned_dir(prefix: str, where: Optional[str] = None) -> str:
@@ -40,6 +57,7 @@ def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     """
     import psutil
 
+    check_temp_dir(where)  # the forkserver's socket folder too: swapped, its socket could be someone else's
     folder = tempfile.mkdtemp(prefix=prefix, dir=where)  # where: None = the temp dir
     with open(os.path.join(folder, "owner"), "w") as fh:
         fh.write(f"{os.getpid()} {psutil.Process().create_time()}")

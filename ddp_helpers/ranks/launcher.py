@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
 import sys
 import time
 from dataclasses import dataclass
@@ -19,10 +18,9 @@ from .echo import LaunchEcho, echo_for
 from .joining import RankExited, RankProcesses
 from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
-from .outbox import read_reports
 from .payload import Deferred, tensors_in
 from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
-from .report import RankFailedError, diagnose, raised_in_collective
+from .report import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
 from .shared_watch import SharedWatch
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .store import bind_listener, serve_store
@@ -298,12 +296,12 @@ def _supervise(context: RankProcesses, method: str, run_dir: str, world_size: in
         raise err from err.__cause__  # the rank's own exception, not RankExited
     if on_poll is not None:
         on_poll()
-    reports = read_reports(run_dir, world_size)
+    reports = read_rank_reports(run_dir, world_size)
     if len(reports) < world_size or not all(r.ok for r in reports.values()):  # exited with 0, said nothing
         first = next(r for r in range(world_size) if r not in reports or not reports[r].ok)
         err = _failure(first, context, method, run_dir, world_size, echo)
         raise err from err.__cause__
-    return [pickle.loads(reports[r].value) for r in range(world_size)]
+    return returned_values(reports, world_size)
 
 
 def _watch(context: RankProcesses, on_poll: Optional[Callable[[], None]], poll_s: float,
@@ -327,7 +325,7 @@ def _failure(first: int, context: RankProcesses, method: str, run_dir: str, worl
              echo: Optional[LaunchEcho] = None) -> RankFailedError:
     codes = [p.exitcode for p in context.processes]
     server = context.forkserver_pid
-    reports = read_reports(run_dir, world_size)
+    reports = read_rank_reports(run_dir, world_size)
     for report in reports.values():
         report.traceback_text = name_cells(report.traceback_text)  # a learner's cell as IPython names it
     err = diagnose(reports, run_dir, world_size, first=first, codes=codes,

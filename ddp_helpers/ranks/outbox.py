@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import stat
+from dataclasses import dataclass
 from typing import Any, Dict
 
 from ..common.files import atomic_write, private_dir_problem
@@ -61,31 +62,53 @@ def read_reports(run_dir: str, world_size: int) -> Dict[int, Any]:
 
     Unpickling runs code: a report is read only where no other user can have written one (private_dir_problem:
     a real folder, owned by this user, mode 0700; launch()'s folders are made so by mkdtemp), and only a regular
-    file owned by this user (opened without following a link). Anything else is refused, unread.
+    file owned by this user (opened without following a link). Anything else is refused, unread. A file that
+    can't be unpickled is returned as Unreadable, never raised (report.read_rank_reports names it).
     """
     problem = private_dir_problem(run_dir)
     if problem:
         raise PermissionError(f"the run folder {run_dir} is refused: {problem}; no report in it was read. Use a "
                               "folder made by ddp_helpers.ranks.cleanup.new_run_dir()")
-    found = {}
+    found: Dict[int, Any] = {}
     for rank in range(world_size):
         data = _read_own(report_path(run_dir, rank), "rb")
         if data is not None:
-            found[rank] = pickle.loads(data)
+            try:
+                found[rank] = pickle.loads(data)
+            except Exception as e:  # noqa: BLE001 - a cut or forged pickle fails with any error at all
+                found[rank] = Unreadable(report_path(run_dir, rank), f"{type(e).__name__} while unpickling it")
     return found
 
 
+@dataclass
+class Unreadable:
+    """A report file that is there but can't be read (ranks/report.py names it, with its rank)."""
+
+    path: str
+    why: str
+
+    def said(self) -> str:
+        """The words for it."""
+        return (f"its report file {self.path} can't be read ({self.why}): it is corrupt or cut short, or was "
+                "not written by a rank of this package")
+
+
 def read_report_data(run_dir: str, world_size: int) -> Dict[int, Dict[str, Any]]:
-    """Every JSON outcome left so far, by rank (a file that isn't a JSON object is skipped: data, never code)."""
+    """Every JSON outcome left so far, by rank (data, never code); a file that isn't a JSON object is read as a
+    failed report that names it."""
     found = {}
     for rank in range(world_size):
         data = _read_own(report_path(run_dir, rank, as_json=True), "r")
+        if data is None:
+            continue
         try:
-            value = json.loads(data) if data is not None else None
-        except ValueError:
-            value = None
-        if isinstance(value, dict):
-            found[rank] = value
+            value = json.loads(data)
+        except ValueError as e:
+            value = e
+        if not isinstance(value, dict):  # data, never code; a file that isn't a JSON object is named as such
+            why = "not JSON" if isinstance(value, ValueError) else f"JSON {type(value).__name__}, not an object"
+            value = {"ok": False, "text": Unreadable(report_path(run_dir, rank, as_json=True), why).said()}
+        found[rank] = value
     return found
 
 

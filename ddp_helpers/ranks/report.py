@@ -10,7 +10,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from .outbox import log_path, log_tail
+from .outbox import Unreadable, log_path, log_tail, read_reports
 
 _TORCH_COMM_DIRS = (os.sep + os.path.join("torch", "distributed") + os.sep,
                     os.sep + os.path.join("torch", "nn", "parallel") + os.sep,
@@ -64,6 +64,40 @@ class Report:
     in_collective: bool = False
 
 
+_FIELD_TYPES = {"ok": (bool,), "value": (bytes, type(None)), "error": (bytes, type(None)), "traceback_text": (str,),
+                "text": (str,), "in_collective": (bool,)}
+
+
+def read_rank_reports(run_dir: str, world_size: int) -> Dict[int, Report]:
+    """Every rank's report left so far (outbox.read_reports); a file that can't be read, or that holds anything
+    but a rank's Report, becomes a failed report naming it, so the rank is blamed by name and nothing is raised raw."""
+    found = {}
+    for rank, rep in read_reports(run_dir, world_size).items():
+        if isinstance(rep, Unreadable):
+            found[rank] = Report(False, text=rep.said())
+        elif not isinstance(rep, Report) or any(not isinstance(getattr(rep, k, None), t) for k, t in
+                                                _FIELD_TYPES.items()):
+            what = "a Report with fields of other types" if isinstance(rep, Report) else f"a {type(rep).__name__}"
+            why = f"it holds {what}, not a rank's report"
+            found[rank] = Report(False, text=Unreadable(os.path.join(run_dir, f"report{rank}.pkl"), why).said())
+        else:
+            found[rank] = rep
+    return found
+
+
+def returned_values(reports: Dict[int, Report], world_size: int) -> List[Any]:
+    """Each rank's returned value, unpickled; RankFailedError naming the rank whose value can't be."""
+    values = []
+    for r in range(world_size):
+        try:
+            values.append(pickle.loads(reports[r].value))  # type: ignore[arg-type]
+        except Exception as e:  # noqa: BLE001 - a value whose class can't be found here, a cut file...
+            raise RankFailedError(r, f"its returned value can't be unpickled in the launching process "
+                                     f"({error_text(e)}): return plain data instead: numbers, strings, lists, "
+                                     "dicts, tensors or arrays") from None
+    return values
+
+
 def report_data(rep: Report) -> Dict[str, Any]:
     """A report as data (JSON), for a folder other processes find by name: its text, never a pickle."""
     return {"ok": bool(rep.ok), "text": str(rep.text), "traceback_text": str(rep.traceback_text),
@@ -88,12 +122,30 @@ def value_report(value: Any) -> Report:
         return Report(True, value=cloudpickle.dumps(value))
     except Exception as e:  # noqa: BLE001 - pickling fails with TypeError, PicklingError, AttributeError...
         raise TypeError(f"the function returned a {type(value).__name__} that can't be sent back to the launching "
-                        f"process ({type(e).__name__}: {e}); return plain data instead: numbers, strings, lists, "
+                        f"process ({error_text(e)}); return plain data instead: numbers, strings, lists, "
                         "dicts, tensors or arrays") from None
 
 
+def error_text(e: BaseException) -> str:
+    """'Type: message' for an error, whatever its own code does: an exception whose __str__ raises (or returns
+    no string) is said by its type and whatever of it can be rendered (its arguments, one by one)."""
+    name = type(e).__name__
+    try:
+        return f"{name}: {str(e)}"
+    except Exception as failure:  # noqa: BLE001 - the error's own __str__ may raise anything
+        why = f"its str() raised {type(failure).__name__}"
+    shown = []
+    for arg in getattr(e, "args", ()) if isinstance(getattr(e, "args", ()), tuple) else ():
+        try:
+            shown.append(repr(arg))
+        except Exception:  # noqa: BLE001 - an argument's __repr__ may raise too
+            shown.append(f"<a {type(arg).__name__} that can't be shown>")
+    return f"{name}: {', '.join(shown) or '<no message that can be shown>'} ({why})"
+
+
 def error_report(e: BaseException) -> Report:
-    """The report of a rank that raised (inside an except block)."""
+    """The report of a rank that raised (inside an except block); never raises itself: an error that can't be
+    pickled is sent as text, and one whose text can't be rendered by its type (error_text)."""
     import cloudpickle
 
     try:
@@ -101,8 +153,15 @@ def error_report(e: BaseException) -> Report:
         pickle.loads(payload)
     except Exception:  # noqa: BLE001 - unpicklable exceptions are sent as text only
         payload = None
-    return Report(False, error=payload, traceback_text=traceback.format_exc(),
-                  text=f"{type(e).__name__}: {e}", in_collective=raised_in_collective(e))
+    try:
+        tb = traceback.format_exc()
+    except Exception as failure:  # noqa: BLE001 - formatting calls the error's own code
+        tb = f"(its traceback can't be shown: {type(failure).__name__})"
+    try:
+        in_collective = raised_in_collective(e)
+    except Exception:  # noqa: BLE001 - torch.distributed that can't be imported: not a collective's
+        in_collective = False
+    return Report(False, error=payload, traceback_text=tb, text=error_text(e), in_collective=in_collective)
 
 
 def diagnose(reports: Dict[int, Report], run_dir: str, world_size: int, first: Optional[int] = None,

@@ -23,6 +23,10 @@ class AtomicErrorHandler(ErrorHandler):
     """torch's error handler, writing its JSON beside the error file and renaming it into place."""
 
     def record_exception(self, e: BaseException) -> None:
+        try:
+            str(e)
+        except Exception:  # noqa: BLE001 - torch formats f"{type(e).__name__}: {e}", which would raise here
+            e = _stand_in(e)
         file = os.environ.get(_ENV)
         if not file:
             return super().record_exception(e)  # no file: torch logs what it would have written
@@ -33,6 +37,14 @@ class AtomicErrorHandler(ErrorHandler):
         finally:
             os.environ[_ENV] = file
         os.replace(partial, file)  # atomic: the agent reads nothing or all of it
+
+
+def _stand_in(e: BaseException) -> BaseException:
+    """An error of the same type name whose str() is what of `e` can be rendered (report.error_text)."""
+    from .report import error_text
+
+    name = type(e).__name__
+    return type(name, (Exception,), {})(error_text(e)[len(name) + 2:])
 
 
 def record_atomically(fn: F) -> F:

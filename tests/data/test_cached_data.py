@@ -68,3 +68,39 @@ def test_a_run_after_an_edit_trains_on_the_stored_data():
     with pytest.warns(CachedDataChanged):
         after = run_training(**settings)
     assert after.final_params.tobytes() == before.final_params.tobytes()
+
+
+# Issue 61, N2: the in-place ops that change a cached tensor's shape, strides, offset or storage, not its bytes.
+# Each: (the edit, the name and the change the warning says).
+METADATA_EDITS = {
+    "transpose_": (lambda d: d.train_images.transpose_(1, 2),
+                   r"\.train_images \(its strides went from \(784, 28, 1\) to \(784, 1, 28\)\)"),
+    "resize_": (lambda d: d.train_labels.resize_(100),
+                r"\.train_labels \(its shape went from \(4000,\) to \(100,\)\)"),
+    "unsqueeze_": (lambda d: d.train_normalized().unsqueeze_(1),
+                   r"\.train_normalized\(\) \(its shape went from \(4000, 28, 28\) to \(4000, 1, 28, 28\), its "
+                   r"strides"),
+    "as_strided_": (lambda d: d.test_images.as_strided_((500, 28, 28), (784, 28, 1), 784),
+                    r"\.test_images \(its shape went from \(1000, 28, 28\) to \(500, 28, 28\), its storage offset "
+                    r"went from 0 to 784\)"),
+    "set_": (lambda d: d.test_labels.set_(d.test_labels.clone()), r"\.test_labels \(its storage was replaced\)"),
+}
+
+
+@pytest.fixture(scope="module")
+def unedited_run():
+    clear_cache()
+    return run_training(dataset="mnist-5k", max_steps=2, progress=False)
+
+
+@pytest.mark.slow  # a run each
+@pytest.mark.parametrize("op", list(METADATA_EDITS))
+def test_an_in_place_change_of_shape_or_storage_is_named_and_the_next_run_reloads(op, unedited_run):
+    edit, said = METADATA_EDITS[op]
+    edited = load_data("mnist-5k")
+    edit(edited)
+    with pytest.warns(CachedDataChanged, match=r"load_data\('mnist-5k'\)" + said):
+        after = run_training(dataset="mnist-5k", max_steps=2, progress=False)
+    assert after.final_params.tobytes() == unedited_run.final_params.tobytes()
+    data = load_data("mnist-5k")
+    assert data is not edited and data.train_labels.shape == (4000,) and data.test_images.shape == (1000, 28, 28)
