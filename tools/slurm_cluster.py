@@ -13,7 +13,8 @@ By hand (from the repository root):
     python tools/slurm_cluster.py stop           # every process of the cluster ended, namespaces and bridge removed
 
 From Python (tests/slurm/conftest.py's session fixture does this): `cluster = SlurmCluster(); cluster.start()`,
-then `cluster.run(["sbatch", ...])` (or any command with `env=cluster.env()`), `cluster.sbatch(script, *flags)`,
+then `cluster.run(["sbatch", ...])` (or any command with `env=cluster.env()`), `cluster.sbatch(script, *flags,
+args=...)`,
 `cluster.wait_job(job_id)`, `cluster.node_tmpdir("n1")`, `cluster.stop()`. `unavailable()` says why it can't run
 here (not root, no slurm, no network namespaces), or None.
 
@@ -105,9 +106,10 @@ class SlurmCluster:
         kw.setdefault("env", self.env())
         return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=check, **kw)
 
-    def sbatch(self, script: str, *flags: str, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> str:
-        """Submit a batch script (a path) with sbatch's flags; its job id."""
-        out = self.run(["sbatch", "--parsable", *flags, script], cwd=cwd, env=self.env(env))
+    def sbatch(self, script: str, *flags: str, args: Sequence[str] = (), cwd: Optional[str] = None,
+               env: Optional[Dict[str, str]] = None) -> str:
+        """Submit a batch script (a path) with sbatch's flags and the script's own args; its job id."""
+        out = self.run(["sbatch", "--parsable", *flags, script, *args], cwd=cwd, env=self.env(env))
         return out.stdout.strip().split(";")[0]
 
     def job_state(self, job_id: str) -> str:
