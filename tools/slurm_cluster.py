@@ -284,6 +284,8 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/builtin
+SchedulerParameters=batch_sched_delay=0
+MailProg=/bin/true
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
