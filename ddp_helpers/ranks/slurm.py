@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-PORT_BASE, PORT_SPAN = 15000, 20000  # ports 15000-34999: above the usual services, below Linux's ephemeral range
+PORT_BASE, PORT_SPAN = 15000, 17000  # ports 15000-31999: above the usual services, below Linux's ephemeral range
 _HOST_ITEM = re.compile(r"([^\[\]]*)\[([^\[\]]+)\](.*)")
 _TASKS_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 

@@ -2,11 +2,15 @@
 them, torchrun's variables winning where both are set, and no rank where srun didn't start several tasks."""
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from ddp_helpers.ranks.env import RankEnv, adopt_scheduler_env, scheduler_env
-from ddp_helpers.ranks.slurm import (SlurmJob, SlurmTask, expand_hostlist, expand_tasks_per_node,
-                                     rendezvous_port)
+from ddp_helpers.ranks.slurm import (PORT_BASE, PORT_SPAN, SlurmJob, SlurmTask, expand_hostlist,
+                                     expand_tasks_per_node, rendezvous_port)
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -62,8 +66,10 @@ def test_uneven_tasks_per_node_give_each_node_its_own_count():
 
 
 def test_the_port_comes_from_the_job_id_and_a_set_address_or_port_is_kept():
-    ports = {rendezvous_port(str(j)) for j in (1, 2, 3)}
-    assert len(ports) == 3 and all(1024 < p < 32768 for p in ports)  # below Linux's ephemeral range
+    ports = [rendezvous_port(str(j)) for j in range(PORT_SPAN)]
+    assert len(set(ports)) == PORT_SPAN and 1024 < min(ports) and max(ports) < 32768  # below the ephemeral range
+    template = (EXAMPLES / "slurm_torchrun.sbatch").read_text()  # the sbatch template derives the same port
+    assert f"PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))" in template
     env = scheduler_env(_srun_task(0, 0, 0, MASTER_ADDR="10.0.0.9", MASTER_PORT="29400"))
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.9", "29400")
 
