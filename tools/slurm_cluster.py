@@ -229,19 +229,21 @@ class SlurmCluster:
                 except OSError:
                     pass
         munged = _read_pid(os.path.join(self.state, "munge", "munged.pid"))
-        if munged and _cmdline(munged).startswith(_which("munged")) or (munged and "munged" in _cmdline(munged)):
+        if munged and "munged" in _cmdline(munged):  # not a pid reused since by another program
             pids.append(munged)
         return [p for p in pids if p != os.getpid()]
 
     def _write_files(self) -> None:
+        if os.path.islink(self.state):  # planted in the shared temp dir: root must not write through it
+            os.unlink(self.state)
         shutil.rmtree(self.state, ignore_errors=True)
+        os.mkdir(self.state, 0o755)  # fails if anything took the name meanwhile; jobs and clients read slurm.conf
         for sub in ("ctl", "munge", *NODES):
-            os.makedirs(os.path.join(self.state, sub), mode=0o700, exist_ok=True)
-        os.chmod(self.state, 0o755)  # the repository's jobs and clients read slurm.conf
+            os.mkdir(os.path.join(self.state, sub), 0o700)
         for node in NODES:
-            os.makedirs(self.node_tmpdir(node), exist_ok=True)
+            os.mkdir(self.node_tmpdir(node))
             os.chmod(self.node_tmpdir(node), 0o1777)  # a temp dir, as /tmp is
-            os.makedirs(os.path.join(self.state, node, "spool"), mode=0o700, exist_ok=True)
+            os.mkdir(os.path.join(self.state, node, "spool"), 0o700)
         key = os.path.join(self.state, "munge", "munge.key")
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         os.write(fd, os.urandom(1024))
