@@ -120,7 +120,7 @@ class SlurmCluster:
                 return field.split("=", 1)[1]
         return "UNKNOWN"
 
-    def wait_job(self, job_id: str, timeout: float = 60.0, poll_s: float = 0.1) -> str:
+    def wait_job(self, job_id: str, timeout: float = 60.0, poll_s: float = 0.2) -> str:
         """Wait until the job has ended; its final state. A job still running at timeout is cancelled first."""
         deadline = time.monotonic() + timeout
         ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -238,8 +238,10 @@ class SlurmCluster:
             os.unlink(self.state)
         shutil.rmtree(self.state, ignore_errors=True)
         os.mkdir(self.state, 0o755)  # fails if anything took the name meanwhile; jobs and clients read slurm.conf
-        for sub in ("ctl", "munge", *NODES):
+        for sub in ("ctl", "munge"):
             os.mkdir(os.path.join(self.state, sub), 0o700)
+        for node in NODES:  # its TMPDIR inside, open to a job of any user; its spool root's alone
+            os.mkdir(os.path.join(self.state, node), 0o755)
         for node in NODES:
             os.mkdir(self.node_tmpdir(node))
             os.chmod(self.node_tmpdir(node), 0o1777)  # a temp dir, as /tmp is
