@@ -175,7 +175,7 @@ def _save_partial(e, out: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point for both the command line's own launch and torchrun."""
+    """Entry point for the command line's own launch, torchrun's ranks and srun's tasks."""
     args = build_parser().parse_args(argv)
     from ..engine.config import ConfigError
     from ..ranks.env import adopt_scheduler_env
