@@ -11,6 +11,7 @@ By hand (from the repository root):
     eval "$(python tools/slurm_cluster.py env)"  # SLURM_CONF, so sbatch, srun, squeue, scancel, sinfo reach it
     sbatch -N2 --ntasks-per-node=1 examples/slurm/train.sbatch
     python tools/slurm_cluster.py stop           # every process of the cluster ended, namespaces and bridge removed
+                                                 # (refused while a test session uses it, unless --force)
 
 From Python (tests/slurm/conftest.py's session fixture does this): `cluster = SlurmCluster(); cluster.start()`,
 then `cluster.run(["sbatch", ...])` (or any command with `env=cluster.env()`), `cluster.sbatch(script, *flags,
@@ -146,6 +147,27 @@ class SlurmCluster:
                 with open(path, errors="replace") as fh:
                     parts.append(f"--- {f}\n" + "".join(fh.readlines()[-20:]))
         return "\n".join(parts)
+
+    # ---- who uses it
+    def lock_path(self, which: str) -> str:
+        """`start` (held while a session starts or stops it) or `users` (held shared by each session using it)."""
+        return f"{self.state.rstrip('/')}.{which}.lock"
+
+    def in_use(self) -> bool:
+        """True while a test session holds the cluster (tests/slurm/conftest.py's shared lock)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.lock_path("users"), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
 
     # ---- the cluster's life
     def status(self) -> bool:
@@ -378,6 +400,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """start | stop | status | env."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("start", "stop", "status", "env"))
+    p.add_argument("--force", action="store_true", help="stop even while a test session uses the cluster")
     args = p.parse_args(argv)
     cluster = SlurmCluster()
     if args.action == "env":
@@ -388,6 +411,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{cluster.name}: {'up' if up else 'down'} ({cluster.state})")
         return 0 if up else 1
     if args.action == "stop":
+        if cluster.in_use() and not args.force:
+            print(f"{cluster.name} is in use by a test session: not stopped (--force stops it anyway; "
+                  "DDP_HELPERS_SLURM_NAME=other starts a cluster of your own)", file=sys.stderr)
+            return 1
         print(f"stopped in {cluster.stop():.2f} s")
         return 0
     try:

@@ -43,11 +43,10 @@ def slurm():
     if why:
         pytest.skip(why)
     cluster = tool.SlurmCluster()
-    base = cluster.state.rstrip("/")
-    gate = _lock(base + ".start.lock", fcntl.LOCK_EX)
+    gate = _lock(cluster.lock_path("start"), fcntl.LOCK_EX)
     users = None
     try:
-        users = _lock(base + ".users.lock", fcntl.LOCK_SH)
+        users = _lock(cluster.lock_path("users"), fcntl.LOCK_SH)
         if not cluster.status():
             cluster.start()
             open(os.path.join(cluster.state, "started-by-tests"), "w").close()
@@ -63,7 +62,7 @@ def slurm():
     fcntl.flock(gate, fcntl.LOCK_EX)
     try:
         os.close(users)  # our shared lock goes; an exclusive one now means no other worker uses the cluster
-        last = _lock(base + ".users.lock", fcntl.LOCK_EX | fcntl.LOCK_NB)
+        last = _lock(cluster.lock_path("users"), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         last = None
     try:
