@@ -34,11 +34,17 @@ def _lock(path: str, how: int) -> int:
 
 
 @pytest.fixture(scope="session")
-def slurm():
+def slurm_tool():
+    """tools/slurm_cluster.py as a module."""
+    return _tool()
+
+
+@pytest.fixture(scope="session")
+def slurm(slurm_tool):
     """The running test cluster. Each xdist worker holds a shared lock while it uses it; starting and stopping
     happen under an exclusive one, and the last worker out stops a cluster the tests started (one started by
     hand is left running)."""
-    tool = _tool()
+    tool = slurm_tool
     why = tool.unavailable()
     if why:
         pytest.skip(why)
