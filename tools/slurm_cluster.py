@@ -52,6 +52,7 @@ from typing import Dict, List, Optional, Sequence
 NODES = ("n1", "n2")
 NODE_CPUS = 4  # more than this machine's cores: concurrent test jobs share a node, as slurm's oversubscription would
 START_TIMEOUT_S = 20.0
+DAEMONS = ("slurmctld", "slurmd", "munged")
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "ip", "nsenter", "unshare")
 
 
@@ -212,10 +213,12 @@ class SlurmCluster:
         """End every process of the cluster, remove its namespaces and bridge; the seconds it took. Idempotent."""
         t0 = time.monotonic()
         pids = self._pids()
-        for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 1.0)):
-            for pid in pids:
+        daemons = {p for p in pids if os.path.basename(_cmdline(p).split(" ")[0]).rstrip(":") in DAEMONS}
+        # the daemons end on SIGTERM at once; slurmstepd ignores it, and a job's tasks have nothing to keep here
+        for sig, wait_s, targets in ((None, 1.0, pids), (signal.SIGKILL, 1.0, pids)):
+            for pid in targets:
                 try:
-                    os.kill(pid, sig)
+                    os.kill(pid, sig or (signal.SIGTERM if pid in daemons else signal.SIGKILL))
                 except ProcessLookupError:
                     pass
             deadline = time.monotonic() + wait_s
