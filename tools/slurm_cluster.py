@@ -126,7 +126,7 @@ class SlurmCluster:
         """Wait until the job has ended; its final state. A job still running at timeout is cancelled first."""
         deadline = time.monotonic() + timeout
         ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED", "UNKNOWN")
+                 "DEADLINE", "PREEMPTED")  # not UNKNOWN: scontrol not answering in time on a loaded machine
         while time.monotonic() < deadline:
             state = self.job_state(job_id)
             if state in ended:
