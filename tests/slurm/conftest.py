@@ -29,7 +29,11 @@ def _tool():
 
 def _lock(path: str, how: int) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    fcntl.flock(fd, how)
+    try:
+        fcntl.flock(fd, how)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -52,8 +56,9 @@ def slurm(slurm_tool):
     gate = _lock(cluster.lock_path("start"), fcntl.LOCK_EX)
     users = None
     try:
+        others = cluster.in_use()  # another session's cluster is never restarted under it (a slow sinfo)
         users = _lock(cluster.lock_path("users"), fcntl.LOCK_SH)
-        if not cluster.status():
+        if not others and not cluster.status():
             cluster.start()
             open(os.path.join(cluster.state, "started-by-tests"), "w").close()
     except BaseException as e:
