@@ -191,6 +191,9 @@ class SlurmCluster:
         t0 = time.monotonic()
         if self.status():
             return time.monotonic() - t0
+        if self.in_use():  # a test session holds it: not answering now (a loaded machine) is no reason to restart
+            raise RuntimeError(f"{self.name} is in use by a test session but did not answer: see {self.state}'s "
+                               "logs; 'stop --force' ends it")
         self.stop()  # whatever a killed run left
         self._write_files()
         try:
