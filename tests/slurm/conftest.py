@@ -56,11 +56,11 @@ def slurm(slurm_tool):
     gate = _lock(cluster.lock_path("start"), fcntl.LOCK_EX)
     users = None
     try:
-        others = cluster.in_use()  # another session's cluster is never restarted under it (a slow sinfo)
-        users = _lock(cluster.lock_path("users"), fcntl.LOCK_SH)
-        if not others and not cluster.status():
+        # another session's cluster is never restarted under it (a slow sinfo); ours is taken once it runs
+        if not cluster.in_use() and not cluster.status():
             cluster.start()
             open(os.path.join(cluster.state, "started-by-tests"), "w").close()
+        users = _lock(cluster.lock_path("users"), fcntl.LOCK_SH)
     except BaseException as e:
         if users is not None:
             os.close(users)
