@@ -1,4 +1,5 @@
-"""Command line: `python -m ddp_helpers.train [flags]` starts the ranks itself; under torchrun each process is a rank.
+"""Command line: `python -m ddp_helpers.train [flags]` starts the ranks itself; under torchrun, or as one of several
+tasks of srun, each process is a rank.
 
 Writes result.json and the three plots (loss.png, grad_norms.png, fingerprints.png) into --out.
 """
@@ -174,11 +175,17 @@ def _save_partial(e, out: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point for both the command line's own launch and torchrun."""
+    """Entry point for the command line's own launch, torchrun's ranks and srun's tasks."""
     args = build_parser().parse_args(argv)
     from ..engine.config import ConfigError
+    from ..ranks.env import adopt_scheduler_env
     from .words import for_flags
 
+    try:  # a task of srun is a rank as one of torchrun is: one contract from here on
+        adopt_scheduler_env()
+    except ValueError as e:
+        say(f"error: {e}")
+        return 2
     try:
         cfg = _check_flags(args)
     except ConfigError as e:

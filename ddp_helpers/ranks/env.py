@@ -1,10 +1,11 @@
-"""torchrun's environment contract: the variables a rank reads, set the same way for the ranks launch() starts."""
+"""torchrun's environment contract: the variables a rank reads, set the same way for the ranks launch() starts,
+and read from SLURM's where torchrun's are absent (a task of `srun`: ranks/slurm.py)."""
 from __future__ import annotations
 
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, MutableMapping, Optional
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # LOCAL_RANK, LOCAL_WORLD_SIZE: one node if unset
 
@@ -22,11 +23,14 @@ class RankEnv:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> "RankEnv":
-        """Read the variables; a missing one is named, with the two ways to set it."""
+        """Read the variables (torchrun's, else an srun task's); a missing one is named, with the ways to set it."""
+        if not under_torchrun(environ):
+            environ = {**environ, **scheduler_env(environ)}
         missing = [k for k in REQUIRED if k not in environ]
         if missing:
-            raise RuntimeError(f"{', '.join(missing)} not set: start this process with torchrun, or with "
-                               "ddp_helpers.launch, which sets torchrun's variables for every rank")
+            raise RuntimeError(f"{', '.join(missing)} not set: start this process with torchrun, as one of "
+                               "several tasks of srun, or with ddp_helpers.launch, which sets torchrun's variables "
+                               "for every rank")
         rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
         return cls(rank, int(environ.get("LOCAL_RANK", rank)), world_size,
                    int(environ.get("LOCAL_WORLD_SIZE", world_size)), environ["MASTER_ADDR"], int(environ["MASTER_PORT"]))
@@ -35,6 +39,28 @@ class RankEnv:
 def under_torchrun(environ: Mapping[str, str] = os.environ) -> bool:
     """True in a process started with torchrun's variables (by torchrun, or a scheduler that sets the same)."""
     return all(k in environ for k in REQUIRED)
+
+
+def scheduler_env(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """torchrun's variables as SLURM tells them to a task of an srun step of several tasks; {} elsewhere (outside
+    SLURM, in a batch script, in a one-task step, where the command line starts its ranks itself)."""
+    from .slurm import SlurmTask
+
+    task = SlurmTask.from_environ(environ)
+    if task is None or task.world_size < 2:
+        return {}
+    return task.torchrun_env(environ)
+
+
+def adopt_scheduler_env(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Set torchrun's variables from SLURM's where torchrun's are absent, so that everything after (the command
+    line's checks, env:// in init_process_group) sees one contract; torchrun's win where both are set (torchrun
+    inside an allocation). True when it set them."""
+    if under_torchrun(environ):
+        return False
+    found = scheduler_env(environ)
+    environ.update(found)
+    return bool(found)
 
 
 def launched_env(world_size: int, host: str, port: int, run_id: str, threads: int,

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .env import RankEnv, RankSpec, gate_agent_store_flag, rank_env
+from .env import RankEnv, RankSpec, adopt_scheduler_env, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
 from .cores import bind_this_thread, binding_plan
 from .lifetime import kill_descendants
@@ -106,6 +106,7 @@ def run_rank(fn: Callable, args: tuple, backend: str, timeout_s: float, threads:
              bind_cores: Optional[bool] = None, init_group: bool = True, store_path: Optional[str] = None) -> Any:
     """fn(rank, world_size, *args) in this process, inside the job's process group unless init_group=False
     (store_path: where the ranks meet, see init_group_from_env)."""
+    adopt_scheduler_env()  # an srun task's: env:// in init_process_group reads torchrun's variables
     env = RankEnv.from_environ()
     # init_process_group returns on a rank once its own connections are made (torch adds no barrier unless
     # TORCH_DIST_INIT_BARRIER=1: distributed_c10d._store_based_barrier). A rank whose fn then returns at once

@@ -317,7 +317,7 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
         raise _Started  # main's next step without the server
 
     monkeypatch.setattr(ddp_helpers.ranks.startmethod, "warm_up", warm_up)
-    monkeypatch.setattr(ddp_helpers.ranks.env, "under_torchrun", lambda: under_torchrun)
+    monkeypatch.setattr(ddp_helpers.ranks.env, "under_torchrun", lambda *environ: under_torchrun)
     monkeypatch.setenv("RANK", "0")  # torchrun's rank 0 checks --out; read only under torchrun
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(ddp_helpers.cli.train, "_check_room", lambda *a: steps.append("room"))

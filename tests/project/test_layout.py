@@ -148,8 +148,9 @@ def test_importing_every_module_starts_no_thread():
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
-# tests/ is grouped like the package: one folder per part of it, and two of its own.
-TEST_GROUPS_OF_OUR_OWN = {"project": "the repository as a whole: docs, layout, packaging, site, notebooks, benchmarks"}
+# tests/ is grouped like the package: one folder per part of it, and those of its own.
+TEST_GROUPS_OF_OUR_OWN = {"project": "the repository as a whole: docs, layout, packaging, site, notebooks, benchmarks",
+                         "slurm": "runs on the SLURM test cluster (tools/slurm_cluster.py) that its conftest starts"}
 
 
 def test_tests_are_grouped_like_the_package():
