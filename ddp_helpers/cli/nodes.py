@@ -9,8 +9,10 @@ import subprocess
 from typing import Any, Dict, List, Mapping, Optional
 
 # Job states in which SLURM's SIGTERM is the scheduler ending the job, not srun or torchrun's agent stopping a
-# step after a peer failed (scontrol show job's JobState; JOB_STATE_STRING in slurm's src/common/slurm_protocol_defs.c).
-_STOPPED = ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE", "BOOT_FAIL", "REQUEUED", "FAILED",
+# step after a peer failed (scontrol show job's JobState, job_state_string in slurm's
+# src/common/slurm_protocol_defs.c). While the steps are being signalled, a cancelled or timed-out job reads
+# COMPLETING (the flag wins over its base state: seen on the test cluster with scancel).
+_STOPPED = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE", "BOOT_FAIL", "REQUEUED", "FAILED",
             "OUT_OF_MEMORY", "SUSPENDED")
 
 
@@ -120,4 +122,4 @@ def scheduler_stop(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     if not stopped and (state is not None or environ.get("TORCHELASTIC_RUN_ID")):
         return None
     return (f"the scheduler stopped the job: SLURM job {job} is {state or 'no longer running'} (scancel, a time "
-            "limit, preemption or a failed node), and SLURM sent SIGTERM to every rank")
+            "limit, preemption, a failed node, or its batch script ended), and SLURM sent SIGTERM to every rank")
