@@ -71,7 +71,7 @@ def test_a_requeued_job_resumes_and_names_the_failed_attempts_partial(slurm, tmp
     ckpt = tmp_path / "ckpt"
     job = slurm.sbatch(str(EXAMPLES / "slurm_srun.sbatch"), "--requeue", "-o", str(tmp_path / "job.out"),
                        "--open-mode=append", f"--chdir={tmp_path}",
-                       args=["--dataset", "mnist-5k", "--max-steps", "400", "--no-plots", "--checkpoint-dir",
+                       args=["--dataset", "mnist-5k", "--no-plots", "--checkpoint-dir",
                              str(ckpt), "--checkpoint-every", "5", "--resume-from", "latest"], env=_env(tmp_path))
     deadline = time.monotonic() + 40
     while not (ckpt.exists() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())):
@@ -79,12 +79,21 @@ def test_a_requeued_job_resumes_and_names_the_failed_attempts_partial(slurm, tmp
             (tmp_path / "job.out").read_text()[-3000:]
         time.sleep(0.05)
     slurm.run(["scontrol", "requeue", job])
+    deadline = time.monotonic() + 20
+    while slurm.job_state(job) != "PENDING":  # held until the old attempt's steps are gone
+        assert time.monotonic() < deadline, slurm.job_state(job)
+        time.sleep(0.05)
+    # SLURM holds a requeued job back for cred_expire + 1 s (121 s by default): start it now
+    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     state = slurm.wait_job(job, timeout=60)
     said = (tmp_path / "job.out").read_text()
     assert state == "COMPLETED", said[-3000:] + slurm.logs()
     out = sorted(os.listdir(tmp_path / "out"))
     assert out == ["partial_result.attempt0.json", "result.json"], (out, said[-3000:])
     res = TrainResult.load(str(tmp_path / "out" / "result.json"))
-    assert res.ranks[0].step[0] > 0 and res.ranks[0].step[-1] == 399  # resumed, not started over
+    first = TrainResult.load(str(tmp_path / "out" / "partial_result.attempt0.json"))
+    steps = res.ranks[0].step
+    assert 0 < steps[0] <= len(first.ranks[0]) and steps[0] % 5 == 0  # resumed at a checkpoint, not started over
+    assert list(steps) == list(range(steps[0], steps[0] + len(steps)))
     assert res.provenance["slurm"]["restart_count"] == "1" and res.provenance["attempt"] == "1"
     assert _run_folders(slurm) == {n: [] for n in NODES}
