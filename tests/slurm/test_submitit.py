@@ -24,8 +24,7 @@ def test_submitit_brings_every_ranks_result_back(slurm, tmp_path, monkeypatch, s
     # This cluster keeps no accounting (sacct): submitit learns the end only from each task's result file, so a
     # task killed before writing one would keep results() waiting forever. The wait is bounded here.
     deadline = time.monotonic() + 60
-    while not all(os.path.exists(p) for p in [job.paths.result_pickle] + [t.paths.result_pickle
-                                                                          for t in job._sub_jobs]):
+    while not job.done():  # each task's result file, then sacct (absent here: it answers nothing)
         assert time.monotonic() < deadline and slurm.job_state(job.job_id) in ("PENDING", "RUNNING", "CONFIGURING",
                                                                                 "COMPLETING", "COMPLETED"), \
             slurm.job_state(job.job_id)
