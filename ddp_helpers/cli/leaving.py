@@ -26,7 +26,7 @@ from .outputs import say
 PARTIAL = "partial_result.json"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MERGE_WAIT_S = 10.0  # at most this long for another node's writer to finish merging (then write unmerged)
-STUCK_S = 2.0  # a SIGTERM the main thread hasn't begun handling after this long is handled by the watch thread
+STUCK_S = 0.5  # a SIGTERM the main thread hasn't begun handling after this long is handled by the watch thread
 
 
 def partial_name() -> str:

@@ -52,13 +52,13 @@ def test_scancel_leaves_one_partial_with_both_ranks_naming_the_scheduler(slurm, 
     job = slurm.sbatch(str(EXAMPLES / "slurm_srun.sbatch"), "-o", str(tmp_path / "job.out"), f"--chdir={tmp_path}",
                        args=["--dataset", "mnist-5k", "--max-steps", "100000", "--epochs", "1000", "--no-plots"],
                        env=_env(tmp_path))
-    _wait_for_rows(slurm, job, at_least=3)
+    _wait_for_rows(slurm, job, at_least=2)
     slurm.run(["scancel", job])
     assert slurm.wait_job(job, timeout=30) == "CANCELLED"
     said = (tmp_path / "job.out").read_text()
     assert os.listdir(tmp_path / "out") == ["partial_result.json"], said[-3000:]
     partial = TrainResult.load(str(tmp_path / "out" / "partial_result.json"))
-    assert [r.rank for r in partial.ranks] == [0, 1] and min(len(r) for r in partial.ranks) >= 3, said[-3000:]
+    assert [r.rank for r in partial.ranks] == [0, 1] and min(len(r) for r in partial.ranks) >= 2, said[-3000:]
     assert any("the scheduler stopped the job" in n and job in n for n in partial.notes), partial.notes
     assert sorted(partial.provenance["writers"]) == [0, 1]  # each node's rank merged its rows in
     assert {p["host"] for p in partial.provenance["ranks"]} == set(NODES)
@@ -67,12 +67,15 @@ def test_scancel_leaves_one_partial_with_both_ranks_naming_the_scheduler(slurm, 
 
 def test_a_requeued_job_resumes_and_names_the_failed_attempts_partial(slurm, tmp_path):
     """scontrol requeue of a running job (a preemption's requeue): SLURM stops it (SIGTERM) and runs it again with
-    SLURM_RESTART_COUNT=1; with --resume-from latest the second attempt continues from the checkpoint."""
+    SLURM_RESTART_COUNT=1; with --resume-from latest the second attempt continues from the checkpoint. A rank
+    left on a node by the first attempt (SIGKILLed after KillWait) is removed by the second."""
     ckpt = tmp_path / "ckpt"
     job = slurm.sbatch(str(EXAMPLES / "slurm_srun.sbatch"), "--requeue", "-o", str(tmp_path / "job.out"),
                        "--open-mode=append", f"--chdir={tmp_path}",
-                       args=["--dataset", "mnist-5k", "--no-plots", "--checkpoint-dir",
-                             str(ckpt), "--checkpoint-every", "5", "--resume-from", "latest"], env=_env(tmp_path))
+                       args=["--dataset", "mnist-5k", "--max-steps", "10", "--no-plots", "--checkpoint-dir", str(ckpt),
+                             "--checkpoint-every", "2", "--resume-from", "latest",
+                             # rank 1 hangs at step 5 in the first attempt only (not after a requeue)
+                             "--fault-rank", "1", "--fault-step", "5", "--fault-kind", "hang"], env=_env(tmp_path))
     deadline = time.monotonic() + 40
     while not (ckpt.exists() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())):
         assert time.monotonic() < deadline and slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
@@ -93,7 +96,7 @@ def test_a_requeued_job_resumes_and_names_the_failed_attempts_partial(slurm, tmp
     res = TrainResult.load(str(tmp_path / "out" / "result.json"))
     first = TrainResult.load(str(tmp_path / "out" / "partial_result.attempt0.json"))
     steps = res.ranks[0].step
-    assert 0 < steps[0] <= len(first.ranks[0]) and steps[0] % 5 == 0  # resumed at a checkpoint, not started over
+    assert 0 < steps[0] <= len(first.ranks[0]) and steps[0] % 2 == 0  # resumed at a checkpoint, not started over
     assert list(steps) == list(range(steps[0], steps[0] + len(steps)))
     assert res.provenance["slurm"]["restart_count"] == "1" and res.provenance["attempt"] == "1"
     assert _run_folders(slurm) == {n: [] for n in NODES}
