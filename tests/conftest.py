@@ -25,13 +25,19 @@ if _HERE not in sys.path:  # the shared helpers here (_procs.py) import from tes
 # first, so that no long file starts last while the other worker has nothing left to do.
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """-n N with the default --dist load: whole files to the workers, in the order the workers collected them."""
+    """-n N with the default --dist load: whole files to the workers (tests/slurm/ whole), in the order the
+    workers collected them."""
     if config.getvalue("dist") != "load":
         return None  # a --dist the caller chose
     from xdist.scheduler import LoadFileScheduling
 
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            """tests/slurm/ as one scope: its files share one SLURM test cluster and assert what its nodes hold."""
+            return "tests/slurm" if nodeid.startswith("tests/slurm/") else super()._split_scope(nodeid)
+
     config.option.loadscopereorder = False  # xdist would put the files with the most tests first
-    return LoadFileScheduling(config, log)
+    return Scheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

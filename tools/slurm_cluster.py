@@ -11,6 +11,7 @@ By hand (from the repository root):
     eval "$(python tools/slurm_cluster.py env)"  # SLURM_CONF, so sbatch, srun, squeue, scancel, sinfo reach it
     sbatch -N2 --ntasks-per-node=1 examples/slurm/train.sbatch
     python tools/slurm_cluster.py stop           # every process of the cluster ended, namespaces and bridge removed
+                                                 # (refused while a test session uses it, unless --force)
 
 From Python (tests/slurm/conftest.py's session fixture does this): `cluster = SlurmCluster(); cluster.start()`,
 then `cluster.run(["sbatch", ...])` (or any command with `env=cluster.env()`), `cluster.sbatch(script, *flags,
@@ -51,6 +52,7 @@ from typing import Dict, List, Optional, Sequence
 NODES = ("n1", "n2")
 NODE_CPUS = 4  # more than this machine's cores: concurrent test jobs share a node, as slurm's oversubscription would
 START_TIMEOUT_S = 20.0
+DAEMONS = ("slurmctld", "slurmd", "munged")
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "ip", "nsenter", "unshare")
 
 
@@ -124,7 +126,7 @@ class SlurmCluster:
         """Wait until the job has ended; its final state. A job still running at timeout is cancelled first."""
         deadline = time.monotonic() + timeout
         ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED", "UNKNOWN")
+                 "DEADLINE", "PREEMPTED")  # not UNKNOWN: scontrol not answering in time on a loaded machine
         while time.monotonic() < deadline:
             state = self.job_state(job_id)
             if state in ended:
@@ -147,6 +149,27 @@ class SlurmCluster:
                     parts.append(f"--- {f}\n" + "".join(fh.readlines()[-20:]))
         return "\n".join(parts)
 
+    # ---- who uses it
+    def lock_path(self, which: str) -> str:
+        """`start` (held while a session starts or stops it) or `users` (held shared by each session using it)."""
+        return f"{self.state.rstrip('/')}.{which}.lock"
+
+    def in_use(self) -> bool:
+        """True while a test session holds the cluster (tests/slurm/conftest.py's shared lock)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.lock_path("users"), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
     # ---- the cluster's life
     def status(self) -> bool:
         """True when the controller answers and both nodes are up (idle, mixed or allocated)."""
@@ -168,6 +191,9 @@ class SlurmCluster:
         t0 = time.monotonic()
         if self.status():
             return time.monotonic() - t0
+        if self.in_use():  # a test session holds it: not answering now (a loaded machine) is no reason to restart
+            raise RuntimeError(f"{self.name} is in use by a test session but did not answer: see {self.state}'s "
+                               "logs; 'stop --force' ends it")
         self.stop()  # whatever a killed run left
         self._write_files()
         try:
@@ -190,10 +216,12 @@ class SlurmCluster:
         """End every process of the cluster, remove its namespaces and bridge; the seconds it took. Idempotent."""
         t0 = time.monotonic()
         pids = self._pids()
-        for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 1.0)):
-            for pid in pids:
+        daemons = {p for p in pids if os.path.basename(_cmdline(p).split(" ")[0]).rstrip(":") in DAEMONS}
+        # the daemons end on SIGTERM at once; slurmstepd ignores it, and a job's tasks have nothing to keep here
+        for sig, wait_s, targets in ((None, 1.0, pids), (signal.SIGKILL, 1.0, pids)):
+            for pid in targets:
                 try:
-                    os.kill(pid, sig)
+                    os.kill(pid, sig or (signal.SIGTERM if pid in daemons else signal.SIGKILL))
                 except ProcessLookupError:
                     pass
             deadline = time.monotonic() + wait_s
@@ -378,6 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """start | stop | status | env."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("start", "stop", "status", "env"))
+    p.add_argument("--force", action="store_true", help="stop even while a test session uses the cluster")
     args = p.parse_args(argv)
     cluster = SlurmCluster()
     if args.action == "env":
@@ -388,6 +417,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{cluster.name}: {'up' if up else 'down'} ({cluster.state})")
         return 0 if up else 1
     if args.action == "stop":
+        if cluster.in_use() and not args.force:
+            print(f"{cluster.name} is in use by a test session: not stopped (--force stops it anyway; "
+                  "DDP_HELPERS_SLURM_NAME=other starts a cluster of your own)", file=sys.stderr)
+            return 1
         print(f"stopped in {cluster.stop():.2f} s")
         return 0
     try:

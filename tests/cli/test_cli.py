@@ -328,6 +328,56 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
     assert steps == (["room", "server"] if warmed else ["room", "train"])
 
 
+def _as_srun_task(monkeypatch, **slurm) -> None:
+    """This process as a task of srun (ranks/slurm.py), torchrun's variables absent and restored afterwards
+    (the command line sets them in os.environ itself)."""
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_cli_as_a_task_of_srun_is_one_rank_of_the_job(monkeypatch, tmp_path):
+    """srun -N2 python -m ddp_helpers.train: each task is a rank of one job (run_torchrun's path, torchrun's
+    variables from SLURM's), not the launcher of a job of its own."""
+    import ddp_helpers.cli.torchrun
+    import ddp_helpers.engine.runner
+    from ddp_helpers.cli.train import main
+    from ddp_helpers.ranks.slurm import rendezvous_port
+
+    seen = {}
+
+    def rank(cfg, out, plots):
+        seen.update({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                 "MASTER_ADDR", "MASTER_PORT")})
+        raise _Started
+
+    def launch(*args, **kwargs):
+        seen["launched"] = True
+        raise _Started
+
+    monkeypatch.setattr(ddp_helpers.cli.torchrun, "run_torchrun", rank)
+    monkeypatch.setattr(ddp_helpers.engine.runner, "run_training", launch)
+    _as_srun_task(monkeypatch, SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_LOCALID="0",
+                  SLURM_NODEID="1", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="node[3-4]",
+                  SLURM_STEP_TASKS_PER_NODE="1(x2)")
+    with pytest.raises(_Started):
+        main(["--dataset", "mnist-5k", "--max-steps", "2", "--no-plots", "--out", str(tmp_path / "out")])
+    assert seen == {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                    "MASTER_ADDR": "node3", "MASTER_PORT": str(rendezvous_port("77"))}
+
+
+def test_cli_names_an_unreadable_slurm_variable(monkeypatch, tmp_path, capfd):
+    from ddp_helpers.cli.train import main
+
+    _as_srun_task(monkeypatch, SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2",
+                  SLURM_STEP_NODELIST="node[3-")
+    assert main(["--dataset", "mnist-5k", "--out", str(tmp_path / "out")]) == 2
+    assert "SLURM host list 'node[3-'" in capfd.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("flags, backend_set", [([], True), (["--no-plots"], False)])
 def test_cli_sets_up_matplotlib_only_when_it_draws(monkeypatch, tmp_path, flags, backend_set):
     """--no-plots draws nothing, so the command line doesn't import matplotlib for it (~0.3 s of a start-up)."""

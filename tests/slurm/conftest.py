@@ -29,28 +29,38 @@ def _tool():
 
 def _lock(path: str, how: int) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    fcntl.flock(fd, how)
+    try:
+        fcntl.flock(fd, how)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
 @pytest.fixture(scope="session")
-def slurm():
+def slurm_tool():
+    """tools/slurm_cluster.py as a module."""
+    return _tool()
+
+
+@pytest.fixture(scope="session")
+def slurm(slurm_tool):
     """The running test cluster. Each xdist worker holds a shared lock while it uses it; starting and stopping
     happen under an exclusive one, and the last worker out stops a cluster the tests started (one started by
     hand is left running)."""
-    tool = _tool()
+    tool = slurm_tool
     why = tool.unavailable()
     if why:
         pytest.skip(why)
     cluster = tool.SlurmCluster()
-    base = cluster.state.rstrip("/")
-    gate = _lock(base + ".start.lock", fcntl.LOCK_EX)
+    gate = _lock(cluster.lock_path("start"), fcntl.LOCK_EX)
     users = None
     try:
-        users = _lock(base + ".users.lock", fcntl.LOCK_SH)
-        if not cluster.status():
+        # another session's cluster is never restarted under it (a slow sinfo); ours is taken once it runs
+        if not cluster.in_use() and not cluster.status():
             cluster.start()
             open(os.path.join(cluster.state, "started-by-tests"), "w").close()
+        users = _lock(cluster.lock_path("users"), fcntl.LOCK_SH)
     except BaseException as e:
         if users is not None:
             os.close(users)
@@ -63,7 +73,7 @@ def slurm():
     fcntl.flock(gate, fcntl.LOCK_EX)
     try:
         os.close(users)  # our shared lock goes; an exclusive one now means no other worker uses the cluster
-        last = _lock(base + ".users.lock", fcntl.LOCK_EX | fcntl.LOCK_NB)
+        last = _lock(cluster.lock_path("users"), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         last = None
     try:

@@ -31,7 +31,7 @@ def _submit(slurm, tmp_path, example: str, small_cfg) -> tuple:
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     job = slurm.sbatch(str(EXAMPLES / example), "-o", str(tmp_path / "job.out"), f"--chdir={tmp_path}",
                        args=_flags(small_cfg), env=env)
-    state = slurm.wait_job(job, timeout=60)
+    state = slurm.wait_job(job, timeout=150)  # a hung job's bound: a loaded machine stretches a run
     said = (tmp_path / "job.out").read_text()
     assert state == "COMPLETED", said[-3000:] + slurm.logs()
     return job, said, TrainResult.load(str(tmp_path / "out" / "result.json"))
