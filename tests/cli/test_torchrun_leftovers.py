@@ -105,17 +105,47 @@ def test_a_sigterm_during_start_up_leaves_a_partial_and_no_folder(tmp_path):
     assert _run_folders(tmp_path) == [], "a run folder is left"
 
 
-def test_a_folder_a_sigkilled_job_left_is_removed_by_the_next_job(tmp_path):
-    agent = _job(tmp_path, "--max-steps", "100000", "--epochs", "1000")
-    left = _wait_for(tmp_path, agent, 0, ["rank0.rows", "rank1.rows"])
-    everyone = [psutil.Process(agent.pid), *_ranks(agent)]
-    for p in everyone:
-        p.send_signal(signal.SIGKILL)  # nothing of the job's runs again: no cleanup of its own
-    psutil.wait_procs(everyone, timeout=30)
-    agent.communicate(timeout=30)
-    assert os.path.isdir(left)
-    nxt = _job(tmp_path, "--max-steps", "2")
-    err = nxt.communicate(timeout=240)[1]
-    assert nxt.returncode == 0, err[-3000:]
-    assert not os.path.exists(left), "the SIGKILLed job's run folder is still there"
-    assert _run_folders(tmp_path) == []
+_HOLDER = """
+import sys, time
+from ddp_helpers.cli.leaving import hold_alive
+from ddp_helpers.cli.torchrun import run_folder
+folder = run_folder("127.0.0.1", int(sys.argv[1]))  # as a rank of a job at that endpoint
+hold_alive(folder, 0)
+print(folder, flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(tmpdir: str, port: int) -> tuple:
+    """A process holding a torchrun run folder as a rank does; (the process, its folder)."""
+    env = {**os.environ, "TMPDIR": tmpdir, "TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(port)], env=env, stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_folder_a_sigkilled_job_left_is_removed_by_the_next_job(tmp_path, monkeypatch):
+    """A job whose ranks were all SIGKILLed ran no code of its own: the next job's rank on that machine removes
+    its folder (nothing else did: stale folders were cleared only on launch()'s path); a live job's is kept."""
+    import tempfile
+
+    from ddp_helpers.cli.leaving import remove_if_last
+    from ddp_helpers.cli.torchrun import run_folder
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    dead, left = _holder(str(tmpdir), 1001)
+    live, kept = _holder(str(tmpdir), 1002)
+    try:
+        dead.kill()
+        dead.wait()
+        assert os.path.isdir(left) and os.path.isdir(kept)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+        mine = run_folder("127.0.0.1", 1003)  # the next job's rank on this machine
+        assert not os.path.exists(left), "the SIGKILLed job's run folder is still there"
+        assert os.path.isdir(kept) and os.path.isdir(mine)
+        remove_if_last(mine)
+        assert not os.path.exists(mine)
+    finally:
+        live.kill()
+        live.wait()
