@@ -14,7 +14,7 @@ _EXPORTS = {
     "build_model": "engine.model", "fingerprint": "engine.model", "flat_params": "engine.model",
     "TrainResult": "engine.result", "RankRecords": "engine.result",
     "launch": "ranks.launcher", "LaunchError": "ranks.launcher", "RankFailedError": "ranks.launcher", "warm_up": "ranks.startmethod",
-    "run_training": "engine.runner",
+    "run_training": "engine.runner", "run_from_env": "cli.from_env", "TrainTask": "cli.from_env",
     "train_single_process": "lesson.reference",
     "save_checkpoint": "engine.checkpoint", "load_checkpoint": "engine.checkpoint", "latest_checkpoint": "engine.checkpoint",
     "plot_losses": "lesson.figures.training", "plot_grad_norms": "lesson.figures.training",

@@ -9,220 +9,38 @@ rows it can see: the rows are in their files already, so none recorded before th
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import tempfile
-import threading
 import time
 from typing import Any, List, Optional
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; a dead peer is not told from a live one
-    fcntl = None  # type: ignore[assignment]
-
 from ..common.errors import setting
 from ..engine.config import ConfigError, TrainConfig
+from .leaving import PARTIAL, Leaver, hold_alive, partial_name, remove_if_last, wait_for_peer_rows  # noqa: F401
+from .nodes import attempt_counts, attempt_label, gather_places, job_key, node_line, provenance
 from .outputs import say, write_outputs
 
-PARTIAL = "partial_result.json"
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-
-def _attempt() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-
-
-def partial_name() -> str:
-    """partial_result.json; with restarts allowed, partial_result.attempt<k>.json (a later attempt may succeed,
-    and its result.json must not stand beside a file that reads as this job's partial result)."""
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0:
-        return f"partial_result.attempt{_attempt()}.json"
-    return PARTIAL
-
-
-def run_folder() -> str:
+def run_folder(master_addr: str, master_port: int) -> str:
     """This machine's run folder for this attempt of the job, held by every local rank while it runs.
 
-    Named by torchrun's run id, the rendezvous endpoint and the attempt: --rdzv-id defaults to "none", and two
-    jobs on one machine never share an endpoint at the same time. The name is predictable (the job's ranks find
-    it independently), so another user could make it first: it is created with mode 0700, or an existing one
-    accepted only if it is a real folder of this user's with mode 0700 (common.files.make_private_dir), before
-    anything in it is read or written. In the temp dir's sticky folder nobody else can then rename or replace it.
+    Named by the job (torchrun's run id, the rendezvous endpoint, SLURM's job and step: cli/nodes.job_key) and
+    the attempt. The name is predictable (the job's ranks find it independently), so another user could make it
+    first: it is created with mode 0700, or an existing one accepted only if it is a real folder of this user's
+    with mode 0700 (common.files.make_private_dir), before anything in it is read or written. In the temp dir's
+    sticky folder nobody else can then rename or replace it. Folders that earlier jobs' ranks left here when
+    they were killed (SIGKILL: no code of theirs ran) are removed first, as launch() does (cleanup.remove_stale:
+    only this user's real folders that no live process holds).
     """
     from ..common.files import make_private_dir
-    from ..ranks.cleanup import RUN_DIR_PREFIX, hold
+    from ..ranks.cleanup import RUN_DIR_PREFIX, hold, remove_stale
 
-    key = "-".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
-    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
-    path = os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}torchrun-{safe}-a{_attempt()}")
+    remove_stale()
+    key = job_key(master_addr, master_port)
+    path = os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}torchrun-{key}-a{attempt_label()}")
     make_private_dir(path, "the torchrun run folder", "Remove it (as its owner or root), or give this job another "
                      "--rdzv-id or --rdzv-endpoint port, or point TMPDIR at a folder only this user can write")
     hold(path)  # a folder some local rank holds is never taken for a dead launch's (cleanup.remove_stale)
     return path
-
-
-_ALIVE: dict = {}  # rank -> the descriptor holding its alive lock in this process
-
-
-def hold_alive(run_dir: str, rank: int) -> None:
-    """Hold rank<r>.alive locked (flock, exclusive) for the rest of this process's life: the kernel releases it
-    when the process ends, however it ends, so a peer on this machine can tell a dead rank from a live one."""
-    if fcntl is None or rank in _ALIVE:
-        return
-    fd = os.open(os.path.join(run_dir, f"rank{rank}.alive"), os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    _ALIVE[rank] = fd
-
-
-def rank_gone(run_dir: str, rank: int) -> Optional[bool]:
-    """True when rank's process on this machine has ended, False while it runs, None when unknown (its file is
-    elsewhere or not made yet, or no flock)."""
-    if fcntl is None:
-        return None
-    try:
-        fd = os.open(os.path.join(run_dir, f"rank{rank}.alive"), os.O_RDONLY | _NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def remove_if_last(run_dir: str) -> None:
-    """Remove the run folder once no local rank holds it (B5: a failed job leaves nothing): this process's hold
-    is dropped, and the folder goes only if an exclusive lock is then free, so a peer that still needs the
-    rows in it keeps it, and the last rank out removes it."""
-    from ..ranks.cleanup import LOCK, release
-
-    release(run_dir)
-    if fcntl is None:
-        return  # Windows: a later launch's remove_stale takes it
-    try:
-        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | _NOFOLLOW)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        shutil.rmtree(run_dir, ignore_errors=True)
-    except OSError:
-        pass  # a peer still holds it
-    finally:
-        os.close(fd)
-
-
-def wait_for_peer_rows(rows: Any, rank: int, stall_s: float = 2.0, limit_s: float = 10.0) -> None:
-    """Wait until every rank whose rows this process sees has recorded the steps this rank recorded.
-
-    The ranks finished those steps together (each ends in an all-reduce), but a peer may still be writing the
-    last one's row when this rank fails: under load, a partial result written at once lost rank 0's last step.
-    Stops when no count has moved for stall_s (a peer that died earlier never catches up), or after limit_s.
-    """
-    target = rows.count(rank)
-    hidden = rows.missing()  # their files are on other machines: nothing to wait for here
-    visible = [r for r in range(rows.world_size) if r not in hidden]
-    start = moved = time.monotonic()
-    last: Optional[List[int]] = None
-    while True:
-        counts = [rows.count(r) for r in visible]
-        if all(c >= target for c in counts):
-            return
-        now = time.monotonic()
-        if counts != last:
-            last, moved = counts, now
-        if now - moved > stall_s or now - start > limit_s:
-            return
-        time.sleep(0.01)
-
-
-class Leaver:
-    """What a failing rank leaves: its report, then the job's partial result, once, whoever calls first (the
-    rank's own exception path, or the SIGTERM torchrun's agent sends when a peer failed).
-
-    A SIGTERM that arrives while the partial result is being written waits for it: the agent sends SIGTERM,
-    then SIGKILL only after its shutdown timeout (torch.distributed.elastic.multiprocessing.api
-    SubprocessContext._close; 30 s by default, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), longer than the writer needs
-    (wait_for_peer_rows gives up within 10 s). Re-raising at once lost the partial result of 8 of 21 jobs.
-    """
-
-    def __init__(self, job: Any, rank: int, out: str, run_dir: str):
-        self.job, self.rank, self.out, self.run_dir = job, rank, out, run_dir
-        self.lock = threading.Lock()
-        self.leaving = self.done = False
-        self.pending: Optional[int] = None  # a signal that arrived while leaving, delivered once the file is written
-
-    def leave(self, report: Any) -> None:
-        """Write this rank's report and the partial result (a second call does nothing); then remove the run
-        folder if no other rank here still holds it."""
-        with self.lock:
-            if self.leaving:
-                return
-            self.leaving = True
-        try:
-            self._write_partial(report)
-        except Exception as e:  # noqa: BLE001 - never hide the failure itself
-            from ..ranks.report import error_text
-
-            say(f"rank {self.rank}: could not save the partial metrics: {error_text(e)}")
-        finally:
-            remove_if_last(self.run_dir)
-            self.done = True  # only now may a SIGTERM end this process: the folder's removal is part of leaving
-        if self.pending is not None:
-            _die_of(self.pending)
-
-    def _write_partial(self, report: Any) -> None:
-        from ..ranks.outbox import read_report_data, write_report_data
-        from ..ranks.report import diagnose, report_data, report_from_data
-
-        world = self.job.cfg.world_size
-        write_report_data(self.run_dir, self.rank, report_data(report))  # data, never a pickle (outbox.py)
-        reports = {r: report_from_data(d) for r, d in read_report_data(self.run_dir, world).items()}
-        failure = diagnose(reports, self.run_dir, world)
-        wait_for_peer_rows(self.job.rows, self.rank)
-        partial = self.job.result(complete=False)
-        partial.notes.append(f"attempt {_attempt()} failed: rank {failure.rank}: {failure.message}")
-        hidden = self.job.rows.missing()
-        if hidden:
-            partial.notes.append(f"ranks {hidden} kept their rows on their own machines' run folders")
-        path = partial.save(os.path.join(self.out, partial_name()))
-        say(f"rank {self.rank}: metrics every rank recorded before the failure: {path}")
-
-    def stopped_report(self) -> Any:
-        """This rank's report on a SIGTERM: torchrun's agent sends one only after a peer failed, so a SIGTERM
-        while every peer on this machine still runs and none has reported came from outside, and this rank is
-        the one that failed. Where some peers are on other machines, it can't be told: the agent is assumed."""
-        from ..ranks.outbox import read_report_data
-        from ..ranks.report import Report
-
-        world = self.job.cfg.world_size
-        peers = [r for r in range(world) if r != self.rank]
-        gone = [rank_gone(self.run_dir, r) for r in peers]
-        if not self.job.rows.missing() and all(g is False for g in gone) \
-                and not read_report_data(self.run_dir, world):
-            return Report(False, text="killed by SIGTERM from outside while every peer still ran (sent to this "
-                                      "rank, or to torchrun's agent, which passes it on; the agent itself stops "
-                                      "ranks only after one failed)")
-        return Report(False, text="stopped by torchrun's agent (SIGTERM) after a peer's failure",
-                      in_collective=True)  # not this rank's own error: diagnose blames the peer
-
-    def on_sigterm(self, signum: int, frame: Any) -> None:
-        """torchrun's agent stops the ranks when one failed: leave the partial result, then die of the signal."""
-        if self.leaving and not self.done:
-            self.pending = signum  # this thread is writing the partial result: finish it, then die (leave)
-            return
-        if not self.leaving:
-            self.leave(self.stopped_report())
-        _die_of(signum)
-
-
-def _die_of(signum: int) -> None:
-    """End this process by signal signum, its default action (as if no handler had been installed)."""
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
 
 
 def _load_on_node(cfg: TrainConfig, rank: int, local_rank: int) -> Any:
@@ -285,35 +103,42 @@ def _gather_rows(job: Any, rank: int) -> List[int]:
     return far[0]
 
 
+def _meet(rank: int, local_rank: int, leaver: Leaver, env: Any) -> None:
+    """Every rank's host, interface and address, gathered once the group exists: in the provenance that
+    result.json (or a partial result) records, and one line per node (said by its local rank 0)."""
+    import socket
+
+    rendezvous = f"{env.master_addr}:{env.master_port}"
+    places = gather_places(rank, env.master_addr, env.master_port)
+    leaver.provenance = provenance(places, rendezvous, job_key(env.master_addr, env.master_port))
+    if local_rank == 0:
+        say(node_line(places, socket.gethostname(), rendezvous))
+
+
 def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, start_step: int, out: str,
-                   plots: bool, t_launch: float, run_dir: str) -> Optional[object]:
+                   plots: bool, leaver: Leaver, env: Any) -> Optional[object]:
     """A torchrun rank's work inside its group: this node's data, the loop, the result on rank 0."""
     from ..engine import worker
     from ..engine.job import Job
-    from ..ranks.env import RankEnv
-    from ..ranks.report import error_report
 
+    run_dir = leaver.run_dir
     _check_same_start(start_step)
-    local_rank = RankEnv.from_environ().local_rank
-    job = Job.create(cfg, backend, _load_on_node(cfg, rank, local_rank), run_dir, start_step)
-    job.t_launch = t_launch
-    leaver = Leaver(job, rank, out, run_dir)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, leaver.on_sigterm)
-    try:
-        summary = worker.train(rank, world_size, cfg, backend, job.data, run_dir)
-    except BaseException as e:
-        leaver.leave(error_report(e))
-        raise
-    far = _gather_rows(job, rank)
+    _meet(rank, env.local_rank, leaver, env)
+    job = Job.create(cfg, backend, _load_on_node(cfg, rank, env.local_rank), run_dir, start_step)
+    job.t_launch = leaver.t_launch
+    leaver.job = job
+    summary = worker.train(rank, world_size, cfg, backend, job.data, run_dir)
+    _gather_rows(job, rank)
     if rank != 0:
-        if rank in far and local_rank == 0:
-            shutil.rmtree(run_dir, ignore_errors=True)  # its machine's rows went over the group: not needed here
-        return None
+        leaver.finish()
+        return None  # the last local rank out removes this machine's run folder (run_torchrun)
     result = job.result(final_params=summary["final_params"])
+    result.provenance = dict(leaver.provenance)
+    # the true rendezvous address, not the setting's default (torchrun decided it)
+    result.config.update(master_addr=env.master_addr, master_port=env.master_port)
     job.rows.close()
     write_outputs(result, out, plots)
-    shutil.rmtree(run_dir, ignore_errors=True)
+    leaver.finish()
     if summary.get("checkpoint_error"):  # the training finished and its result is written: say what is missing
         from ..engine.checkpoint import CheckpointError
 
@@ -321,13 +146,38 @@ def _torchrun_rank(rank: int, world_size: int, cfg: TrainConfig, backend: str, s
     return result
 
 
+def name_earlier_partial(out: str) -> Optional[str]:
+    """After a SLURM requeue, the partial result the failed attempt left as partial_result.json (it could not
+    know a requeue would follow) renamed by its attempt, so it doesn't read as this attempt's; its new path."""
+    from ..engine.result import TrainResult
+    from .nodes import slurm_job
+
+    path = os.path.join(out, PARTIAL)
+    job = slurm_job().get("job_id")
+    if attempt_counts()[0] == 0 or not job or not os.path.isfile(path):
+        return None
+    try:
+        earlier = TrainResult.load(path)
+    except (OSError, ValueError):
+        return None
+    if earlier.complete or earlier.provenance.get("slurm", {}).get("job_id") != job:
+        return None  # another job's file: not ours to rename
+    named = os.path.join(out, f"partial_result.attempt{earlier.provenance.get('attempt') or 0}.json")
+    os.replace(path, named)
+    return named
+
+
 def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
-    """One rank of a torchrun job, entered the way every rank is (ranks.rank.run_rank); rank 0 returns the result."""
+    """One rank of a torchrun (or SLURM) job, entered the way every rank is (ranks.rank.run_rank); rank 0
+    returns the result. Whatever ends the rank once its run folder exists (an error, torchrun's agent, the
+    scheduler's SIGTERM) leaves a partial result, and the last local rank out removes the folder."""
+    from ..data import DataError
     from ..engine.checkpoint import resolve_resume
     from ..engine.job import check_job
     from ..ranks.env import RankEnv
     from ..ranks.placement import default_threads
     from ..ranks.rank import run_rank
+    from ..ranks.report import error_report
 
     env = RankEnv.from_environ()
     # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
@@ -335,10 +185,25 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
     cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one
     backend, start_step = check_job(cfg, local_world_size=env.local_world_size, check_port=False)
     threads = cfg.threads_per_rank or default_threads(env.local_world_size)  # this node's ranks share its cores
+    t_launch = time.monotonic()
     try:
-        run_dir = run_folder()
+        run_dir = run_folder(env.master_addr, env.master_port)
     except PermissionError as e:  # another user's folder, or a link: named, and nothing in it read
         raise ConfigError(str(e)) from None
-    hold_alive(run_dir, env.rank)  # from the start: a SIGTERM's sender is judged by which peers still run
-    args = (cfg, backend, start_step, out, plots, time.monotonic(), run_dir)
-    return run_rank(_torchrun_rank, args, backend, cfg.timeout_s, threads, cfg.bind_cores)
+    leaver = Leaver(None, env.rank, out, run_dir, cfg=cfg, backend=backend, t_launch=t_launch)
+    leaver.provenance = {"job": job_key(env.master_addr, env.master_port), "attempt": attempt_label()}
+    try:
+        leaver.install()  # from the start: a SIGTERM during start-up leaves a partial result too
+        hold_alive(run_dir, env.rank)  # a SIGTERM's sender is judged by which peers still run
+        if env.rank == 0:
+            name_earlier_partial(out)
+        args = (cfg, backend, start_step, out, plots, leaver, env)
+        return run_rank(_torchrun_rank, args, backend, cfg.timeout_s, threads, cfg.bind_cores)
+    except (ConfigError, DataError):
+        raise  # bad settings or data, the same on every attempt: named as such, no partial result
+    except BaseException as e:
+        if not leaver.leaving:
+            leaver.leave(error_report(e))
+        raise
+    finally:
+        remove_if_last(run_dir)

@@ -16,11 +16,12 @@ def inject_fault(cfg: TrainConfig, rank: int, step: int) -> None:
     """Fail as cfg.fault_kind says when this is the configured rank and step; otherwise do nothing.
 
     The fault stands for a one-off failure (a lost node, a killed process): under torchrun it fires in the first
-    attempt only (TORCHELASTIC_RESTART_COUNT 0), so that a restarted job (--max-restarts) can show the recovery.
+    attempt only (TORCHELASTIC_RESTART_COUNT 0), and not after a SLURM requeue (SLURM_RESTART_COUNT), so that a
+    restarted or requeued job can show the recovery.
     """
     if cfg.fault_rank != rank or cfg.fault_step != step:
         return
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if any((os.environ.get(k) or "0") != "0" for k in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")):
         return
     if cfg.fault_kind == "kill":
         os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows has no SIGKILL

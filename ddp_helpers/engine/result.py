@@ -89,6 +89,9 @@ class TrainResult:
     # the last step rank 0 recorded)
     notes: List[str] = field(default_factory=list)
     complete: bool = True  # False for the partial result kept when a run failed
+    # where the ranks ran, under torchrun or SLURM: the rendezvous address, each rank's host, interface and
+    # address, the scheduler's job, the attempt, and on a failure the rank blamed (cli/nodes.py)
+    provenance: Dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------ views
     @property
@@ -173,6 +176,7 @@ class TrainResult:
             "loop_time_s": self.loop_time_s, "peak_rss_mb": self.peak_rss_mb, "parent_rss_mb": self.parent_rss_mb,
             "bytes_allreduced": self.bytes_allreduced, "allreduce_calls": self.allreduce_calls,
             "peak_cuda_mb": self.peak_cuda_mb, "notes": self.notes, "complete": self.complete,
+            "provenance": self.provenance,
             "final_params": None if self.final_params is None else _enc(self.final_params),
             "captured_grads": {str(k): {n: _enc(a) for n, a in v.items()} for k, v in self.captured_grads.items()},
             "ranks": [{
@@ -210,6 +214,7 @@ class TrainResult:
             captured_grads={int(k): {n: _dec(a) for n, a in v.items()} for k, v in d["captured_grads"].items()},
             final_params=None if d["final_params"] is None else _dec(d["final_params"]),
             notes=d.get("notes", []), complete=d.get("complete", True),
+            provenance=d.get("provenance") if isinstance(d.get("provenance"), dict) else {},
         )
 
     def save(self, path: str) -> str:

@@ -13,7 +13,7 @@ from typing import List
 import psutil
 import pytest
 
-from ddp_helpers.cli.torchrun import Leaver, wait_for_peer_rows
+from ddp_helpers.cli.leaving import Leaver, wait_for_peer_rows
 from ddp_helpers.ranks.report import Report
 
 
@@ -73,7 +73,7 @@ def test_a_peer_that_stopped_earlier_is_not_waited_for_forever():
 def test_a_sigterm_while_the_partial_result_is_written_waits_for_it(tmp_path, monkeypatch):
     """torchrun's agent SIGTERMs the survivor while it writes: the file is finished first, then the rank dies of
     the signal (it used to die at once, and 8 of 21 jobs kept no partial result)."""
-    import ddp_helpers.cli.torchrun as T
+    import ddp_helpers.cli.leaving as T
 
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     died = []
