@@ -149,7 +149,7 @@ ENTRIES: List[Entry] = [
           "FileNotFoundError: [Errno 2] No such file or directory: '<checkpoint>'",
           (("strerror:ENOENT", "No such file or directory"),),
           "https://discuss.pytorch.org/t/why-the-second-barrier-is-used-in-the-ddp-tutorial/87849"),
-    Entry(STAGES[5], "22. Can't get attribute on module __main__ (mp.spawn from a notebook)",
+    Entry(STAGES[5], "22. Can't get attribute on module main (mp.spawn from a notebook)",
           "Can't get attribute 'worker' on <module '__main__' (built-in)>",
           (("stdlib:pickle.py", "Can't get attribute {!r} on {!r}"),),
           "https://github.com/jupyter/notebook/issues/6258"),
