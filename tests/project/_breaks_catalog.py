@@ -176,7 +176,7 @@ ENTRIES: List[Entry] = [
            (CPU_SO, "This is typically caused by a remote worker crashing.")),
           "https://github.com/RVC-Project/Retrieval-based-Voice-Conversion-WebUI/issues/1882"),
     Entry(STAGES[6], "27. destroy_process_group() was not called before program exit",
-          "gloo printed nothing at exit: True",
+          "NCCL's warning in gloo's output at exit: False",
           ((CUDA_SO, "destroy_process_group() was not called before program exit, which can leak resources."),),
           "https://github.com/ai2cm/ace/issues/679",
           gpu_text="destroy_process_group() was not called before program exit, which can leak resources.",
