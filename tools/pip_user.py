@@ -51,6 +51,7 @@ SECONDS = {
     "04_two_process_mnist.ipynb": 125, "06_notebook_to_torchrun.ipynb": 105,
     "12_debugging_elastic_and_sharding.ipynb": 79, "again/03b_build_ddp_sync.ipynb": 77,
     "11_mixed_precision_and_compile.ipynb": 67, "again/04_two_process_mnist.ipynb": 64, "00_core_path.ipynb": 51,
+    "13_when_it_breaks.ipynb": 62,
     "03b_build_ddp_sync.ipynb": 48, "07_buckets_and_overlap.ipynb": 43, "05_beyond_the_basics.ipynb": 41,
     "08_batch_size_and_lr.ipynb": 32, "again/05_beyond_the_basics.ipynb": 30, "10_uneven_inputs.ipynb": 27,
     "03_ddp_gradient_sync.ipynb": 26, "01_process_group.ipynb": 24, "again/03_ddp_gradient_sync.ipynb": 24,

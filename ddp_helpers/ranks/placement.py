@@ -74,7 +74,8 @@ def check_address(host: str, port: int, owner: str = "TrainConfig",
             s.bind((addr, port))
         except OSError as e:
             raise refused(port_name, port, f"a free port; {host}:{port} can't be bound ({e.strerror}). Use {fix} "
-                          "to let the OS choose one", owner) from None
+                          "to let the OS choose one (see notebook 13, "
+                          "#2-the-server-socket-has-failed-to-listen-address-already-in-use)", owner) from None
 
 
 def check_timeout(timeout_s: float, owner: str = "TrainConfig") -> None:

@@ -193,7 +193,8 @@ def diagnose(reports: Dict[int, Report], run_dir: str, world_size: int, first: O
     if not own and silent:
         r = silent[0]
         what = ("stopped responding: the other ranks timed out waiting for it in a collective (a hang, a deadlock, "
-                "or a rank that skipped a collective); it was then terminated") if codes is not None else \
+                "or a rank that skipped a collective); it was then terminated (see notebook 13, "
+                "#7-timed-out-waiting-for-recv-operation-the-nccl-watchdog-timeout)") if codes is not None else \
             ("reported nothing while the others failed in a collective with it: it was killed, or it hung or "
              "skipped a collective")
         return RankFailedError(r, what, log_tail=log_tail(run_dir, r), others=others)
@@ -224,13 +225,16 @@ def _exited_silently(rank: int, code: int, run_dir: str, server_died: bool, othe
                                      "With start_method 'spawn' or 'forkserver' each rank first re-imports the main "
                                      "script; a script that starts training at import time, or fails to import, ends "
                                      "the rank there (its error is printed above). Put the launch under "
-                                     "`if __name__ == \"__main__\":`", others=others)
+                                     "`if __name__ == \"__main__\":` (see notebook 13, #24-an-attempt-has-been-made-"
+                                     "to-start-a-new-process-before-the-bootstrapping-phase)",
+                               others=others)
     full = _full_temp_dir(run_dir)
     if full:
         return RankFailedError(rank, f"exited with code {code} without a report: {full}", others=others,
                                log_tail=log_tail(run_dir, rank))
     return RankFailedError(rank, f"exited with code {code} without returning a result (os._exit() or a crash "
-                                 "in native code ends a process before it can report)",
+                                 "in native code ends a process before it can report; see notebook 13, "
+                                 "#23-process-1-terminated-with-exit-code-1)",
                            log_tail=log_tail(run_dir, rank), others=others)
 
 

@@ -436,3 +436,41 @@ def test_every_page_at_desktop_and_phone_width(site):
     if not (-2 <= top < height and bottom > height / 2):
         problems.append(f"the sidebar scrolled away: top {top}, bottom {bottom}, window {height} px")
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+
+
+@pytest.mark.slow
+def test_the_search_finds_each_entry_of_notebook_13_by_its_words(site):
+    """Pasting a message of notebook 13 into the site's search box finds that page (every word of it, as Sphinx's
+    searchtools.js requires), and each entry's heading is a title of the search index that links its anchor."""
+    import json
+
+    from sphinx.search.en import SearchEnglish  # the stemmer and stop words of the site's search ('en')
+
+    from _breaks_catalog import ENTRIES, NOTEBOOK
+
+    text = (site / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(text[text.index("(") + 1:text.rindex(")")])
+    page = index["docnames"].index(f"notebooks/{NOTEBOOK}")
+    english = SearchEnglish({})
+    ids = _parse(site / "notebooks" / f"{NOTEBOOK}.html").ids
+
+    def pages(table: dict, term: str) -> Set[int]:
+        found = table.get(term, [])
+        return {found} if isinstance(found, int) else set(found)
+
+    unfound = []
+    for entry in ENTRIES:
+        for query in (entry.shown, entry.heading):
+            # searchtools.js: split on non-word characters, drop stop words and numbers, stem the rest; a page is
+            # a result when it holds every term (or every term longer than two letters)
+            words = [w.lower() for w in re.split(r"[^\w]+", query) if w]
+            terms = {english.stem(w) for w in words if w not in english.stopwords and not w.isdigit()}
+            held = {t for t in terms if page in pages(index["terms"], t) | pages(index["titleterms"], t)}
+            if not ({t for t in terms if len(t) > 2} <= held):
+                unfound.append(f"{entry.heading}: {sorted(terms - held)} not on the page ({query!r})")
+        # the heading as the index spells it (Sphinx's smart quotes make "Can't" "Can’t"), and the section's id
+        titles = [t for title, places in index["alltitles"].items() if title.replace("\u2019", "'") == entry.heading
+                  for t in places if t[0] == page]
+        if not titles or titles[0][1] not in ids:
+            unfound.append(f"{entry.heading}: no search title linking a section of the page ({titles})")
+    assert not unfound, "\n".join(unfound)
