@@ -146,7 +146,7 @@ class Leaver:
     A SIGTERM that arrives while the partial result is being written waits for it: the agent sends SIGTERM,
     then SIGKILL only after its shutdown timeout (torch.distributed.elastic.multiprocessing.api
     SubprocessContext._close; 30 s by default, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), longer than the writer needs
-    (wait_for_peer_rows gives up within 10 s). Re-raising at once lost the partial result of 8 of 21 jobs.
+    (wait_for_peer_rows gives up within 10 s). Re-raising at once lost partial results (docs/benchmarks.md).
     """
 
     def __init__(self, job: Any, rank: int, out: str, run_dir: str):
