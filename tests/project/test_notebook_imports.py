@@ -29,6 +29,10 @@ PUBLIC_MODULES = {
 MAX_NAMES, MAX_MODULES = 45, 8  # issue 60: from 98 names in 30 modules
 
 
+def _id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
 def _literal(tree: ast.Module, name: str):
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
@@ -101,11 +105,14 @@ def survey(sources: List[str]) -> Tuple[Set[Tuple[str, str]], List[str]]:
     return imported, bad
 
 
-def _id(path: Path) -> str:
-    return str(path.relative_to(ROOT))
+# Notebooks another change is editing: their internal imports still to go (strict: passing fails, so that this
+# list is emptied once they do). 06: draw_resume -> figures.draw_resume, rng_state and set_rng_state -> lesson.*.
+PENDING = {"notebooks/06_notebook_to_torchrun.ipynb"}
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS + GENERATORS, ids=_id)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
+    strict=True, reason="its internal imports are still to go")) if _id(p) in PENDING else p
+    for p in NOTEBOOKS + GENERATORS], ids=_id)
 def test_a_notebook_imports_only_public_names(path: Path):
     _, bad = survey(code_cells(path))
     assert not bad, (f"{_id(path)} reaches inside the package (re-export what it needs in ddp_helpers/lesson/"
