@@ -63,8 +63,9 @@ test: test-unit test-notebooks
 test-unit: env
 	$(PY) -m pytest tests -q $(XDIST) -p no:nbval --ignore=tests/project/test_benchmarks.py
 
-# One pytest session for both passes (issue 52): one start of pytest and its workers, one collection, and the
-# two workers kept busy to the end, where two sessions each ended on one worker's last notebook.
+# Runs every stored notebook under nbval, which compares each cell's outputs, with the wheel installed outside the
+# checkout (as a pip user gets it); NUMERIC_NBS run only with OTHER_KERNELS. Why: a learner's install must give
+# the stored outputs, and a float that depends on the CPU must fail here. One pytest session, longest first.
 test-notebooks: env
 	$(PY) tools/pip_user.py $(addprefix --again ,$(NUMERIC_NBS)) $(addprefix --again-env ,$(OTHER_KERNELS)) \
 	    --only-again -- -q $(XDIST) --dist loadfile

@@ -57,9 +57,9 @@ def machine() -> str:
 
 def _memory_used_mb(fd: int) -> float:
     """System-wide memory in use (MemTotal - MemAvailable), MB, read from an open /proc/meminfo; NaN if unreadable."""
-    # pread on a file kept open, and only the two fields parsed: ~9 us a sample. Opening the file and parsing all
-    # ~50 lines in Python took ~64 us, and at 100 samples a second that version slowed the default's training loop
-    # by 11-16% (medians of 8 and 9 alternated runs each): the sampler must not perturb what it measures.
+    # pread on a file kept open, and only the two fields parsed: opening the file and parsing all its lines in
+    # Python slowed the default's training loop measurably at 100 samples a second (docs/benchmarks.md), and the
+    # sampler must not perturb what it measures.
     try:
         b = os.pread(fd, 8192, 0)
         total = b.index(b"MemTotal:") + len(b"MemTotal:")

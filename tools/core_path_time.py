@@ -19,7 +19,7 @@ PROSE_WPM = 100  # words a minute: a learner new to DDP, where each paragraph br
 CODE_LPM = 10  # code lines a minute: read, and matched with the prose that explains them
 OUTPUT_LPM = 20  # printed output lines a minute: scanned for the figure the prose points at
 FIGURE_MIN = 1.0  # minutes a figure: read with the paragraph that says how
-RUN_MIN = 1.0  # the cells' own run time (31 s on a 2-core VM) and the kernel's start
+RUN_MIN = 1.0  # the cells' own run time (under a minute on a 2-core VM: docs/benchmarks.md) and the kernel's start
 WRITING_MIN = {"AfterBackward": 10.0, "AsGradientsArrive": 20.0}  # write, check, read a hint, fix, check again
 ROUND_TO = 5
 

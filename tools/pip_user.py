@@ -45,8 +45,8 @@ SKIPPED = ("__pycache__", ".ipynb_checkpoints")  # never copied into the build, 
 CACHE = ROOT / "build" / "wheel-cache"
 AGAIN = "again"  # the folder of the notebooks run a second time, with --again-env's variables in their kernels
 KERNEL_ENV_FILE = "nbval_kernel_env.json"  # tools/nbval_ipc.py reads it in a notebook's folder
-# Wall seconds of each notebook's nbval run, measured 2026-12-05 on the 2-core VM at load 5-6 (two workers;
-# docs/benchmarks.md, "Test-suite time", issue 52): only their order counts. A notebook not listed goes after these.
+# Wall seconds of each notebook's nbval run (when and how measured: docs/benchmarks.md, "Figures behind the code's
+# choices"): only their order counts. A notebook not listed goes after these.
 SECONDS = {
     "04_two_process_mnist.ipynb": 125, "06_notebook_to_torchrun.ipynb": 105,
     "12_debugging_elastic_and_sharding.ipynb": 79, "again/03b_build_ddp_sync.ipynb": 77,

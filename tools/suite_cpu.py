@@ -11,7 +11,7 @@ window through a plugin (tools/suite_cpu_plugin.py, loaded with PYTEST_PLUGINS).
 test that was running, in the pytest process it descends from, when it started: a forkserver to the test that
 started it, each rank forked from it later to the test that launched that rank. Processes that end within one
 sampling interval may be missed; the system-wide CPU (/proc/stat) is printed beside the sum to show how much.
-The sampler itself costs ~3% of a core here (a 10 s idle command: 0.3 s of CPU).
+The sampler's own cost is small (docs/benchmarks.md, "Figures behind the code's choices").
 """
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def _check_room(out: str, cfg: TrainConfig, plots: bool) -> None:
 
 def _start_forkserver_early(start_method: str) -> None:
     """Start the forkserver now if it will start the ranks (not spawn, fork or torchrun): it imports torch for
-    them while this process imports it for itself (3.2 s instead of 4.4 s for 8 steps with a free core)."""
+    them while this process imports it for itself (what that saves: docs/benchmarks.md)."""
     from ..ranks.env import under_torchrun
 
     if start_method in ("auto", "forkserver") and not under_torchrun():
@@ -114,7 +114,7 @@ def _start_forkserver_early(start_method: str) -> None:
 
 
 def _check_flags(args: argparse.Namespace) -> TrainConfig:
-    """The flags' values, the run's size, paths and room, before the modules that import torch (~2 s) could say
+    """The flags' values, the run's size, paths and room, before the modules that import torch (seconds) could say
     it. An --out this made and then refused is removed again."""
     from ..engine.config import check_machine, check_types
     from ..ranks.env import under_torchrun

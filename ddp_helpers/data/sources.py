@@ -308,8 +308,8 @@ def load_torchvision_mnist(root: str) -> DataSplits:
 
 
 def _mirrors_reachable(mirrors, timeout_s: float = 2.0) -> bool:
-    """Can we open a TCP connection to any download mirror? Offline this answers in seconds, where
-    torchvision's own attempts take ~30 s to give up."""
+    """Can we open a TCP connection to any download mirror? Offline this answers in seconds, well before
+    torchvision's own attempts give up (docs/benchmarks.md)."""
     for url in mirrors:
         u = urlparse(url)
         try:

@@ -30,7 +30,7 @@ FIELDS = ("train_images", "train_labels", "test_images", "test_labels", "_train_
 
 
 def digest(t: torch.Tensor) -> int:
-    """xxh3 of the bytes t's storage holds (~25 ms for the 188 MB of 60,000 normalized images)."""
+    """xxh3 of the bytes t's storage holds (a small part of a load: docs/benchmarks.md)."""
     import xxhash
 
     raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())  # its bytes, whatever its dtype

@@ -142,8 +142,7 @@ def drop_older(directory: Union[str, OutputFolder], keep: int) -> List[str]:
 
 def checkpoint_bytes(n_params: int, momentum: bool, world_size: int) -> int:
     """One checkpoint's size, from above: the weights, the momentum buffers, every rank's generator states and
-    torch.save's framing, plus 10% (measured for the listing's model: 65,869 bytes with 2 ranks, 97,669 with
-    momentum, 129,651 with momentum and 4 ranks)."""
+    torch.save's framing, plus 10% (the sizes it was checked against: docs/benchmarks.md)."""
     return int(1.1 * (4 * n_params * (2 if momentum else 1) + 16_500 * world_size + 4_096))
 
 
@@ -174,7 +173,7 @@ def gather_rng_states(device: Optional[torch.device] = None) -> List[Dict[str, A
     """Every rank's rng_state(), indexed by rank (a collective: all ranks call it)."""
     states: List[Optional[Dict[str, Any]]] = [None] * dist.get_world_size()
     # all_gather_object, not gather_object: the one object collective every backend has long supported; the
-    # states are ~15 KB per rank, so sending them to every rank costs nothing worth saving.
+    # states are small (docs/benchmarks.md), so sending them to every rank costs nothing worth saving.
     dist.all_gather_object(states, rng_state(device))
     return states  # type: ignore[return-value]
 

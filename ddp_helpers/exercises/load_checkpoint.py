@@ -145,8 +145,8 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable, folder: str) -> D
 
 
 def _function_cannot_reach_meta(call: Dict[str, Any], events: List[Dict[str, Any]]) -> bool:
-    """True when a map_location function failed only because a storage can't be moved to meta (torch 2.14's
-    `storage.to(device="meta")` raises): such a function is tried on the cpu case only."""
+    """True when a map_location function failed only because a storage can't be moved to meta (torch's
+    `storage.to(device="meta")` raises: docs/maintainers.md, "Version notes"): it is tried on the cpu case only."""
     loads = [e for e in events if e["kind"] == "load" and e["case"] == "meta"]
     return (call["status"] == "error" and "device module is not loaded" in call["message"]
             and bool(loads) and loads[-1]["map_location"] == "a function")

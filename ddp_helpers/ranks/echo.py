@@ -18,9 +18,10 @@ from .outbox import log_path
 
 ECHO_LINES = 200  # a rank's lines shown per launch; past them, one line says so, and the count comes at the end
 ECHO_LINE_CHARS = 2000  # a longer line is cut here (a tensor printed whole, output without a newline)
-# Lines not shown, only logged. gloo of torch 2.10-2.13 prints one per rank as its group connects
+# Lines not shown, only logged. gloo of some torch releases prints one per rank as its group connects
 # ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"): noise the
-# learner didn't write, and the cells' stored outputs would differ between torch versions.
+# learner didn't write, and the cells' stored outputs would differ between torch versions (which ones:
+# docs/maintainers.md, "Version notes").
 NOISE = (re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks"),)
 
 

@@ -85,9 +85,10 @@ def launched_env(world_size: int, host: str, port: int, run_id: str, threads: in
 
 
 def gate_agent_store_flag() -> None:
-    """Honour TORCHELASTIC_USE_AGENT_STORE (launched_env) only at MASTER_ADDR:MASTER_PORT, as torch >= 2.14 does.
+    """Honour TORCHELASTIC_USE_AGENT_STORE (launched_env) only at MASTER_ADDR:MASTER_PORT, as newer torch does.
 
-    torch 2.14's rendezvous._create_c10d_store asks _agent_store_serves(hostname, port); before it, the flag made
+    A newer rendezvous._create_c10d_store asks _agent_store_serves(hostname, port) (since which release:
+    docs/maintainers.md, "Version notes"); before it, the flag made
     every endpoint a client-only store, so a rank's own init_process_group("tcp://host:other_port") waited for a
     server nobody starts (notebook 01's launch(init_group=False) cell). Called in a rank before an fn's own init.
     """

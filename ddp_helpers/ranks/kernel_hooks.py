@@ -3,8 +3,8 @@
 ipykernel's shutdown (Kernel._at_shutdown) signals every child in the kernel's process group, SIGTERM then SIGKILL,
 sleeping longer each round while any is left. Two are the launcher's: multiprocessing's resource tracker, which
 ignores SIGTERM, and the forkserver, which dies of it but stays a zombie the kernel never reaps. A restart then
-waited 4.0-4.7 s (0.6-1.1 s for a kernel that never launched) and the kernel was killed by Jupyter instead of
-ending. Ended and reaped before ipykernel looks, they leave it nothing to wait for. Standard library only.
+waited seconds longer than a kernel that never launched (docs/benchmarks.md) and the kernel was killed by Jupyter
+instead of ending. Ended and reaped before ipykernel looks, they leave it nothing to wait for. Standard library only.
 """
 from __future__ import annotations
 

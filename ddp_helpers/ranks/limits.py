@@ -19,8 +19,8 @@ from ..common.errors import ConfigError, setting
 
 MAX_WORLD_SIZE = 128  # ranks one launch starts on one machine, at most (a tutorial's runs use 1 to 8)
 MAX_RANKS_PER_CORE = 8  # oversubscription allowed, bounded: the lessons run 4 ranks on 2 cores, a 1-core VM 4 on 1
-TASKS_PER_RANK = 8  # threads a CPU rank holds besides its torch threads (gloo's, torch's pools, Python's): 5 measured
-#                    after an all-reduce and a backward (torch 2.x, Linux); the process limits count threads
+TASKS_PER_RANK = 8  # threads a CPU rank holds besides its torch threads (gloo's, torch's pools, Python's), with
+#                    room to spare (docs/benchmarks.md counts them); the process limits count threads
 
 
 def usable_core_count() -> int:

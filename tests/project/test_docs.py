@@ -12,8 +12,10 @@ README_MAX_LINES = 200  # issue #28: the README is for learners; maintainer deta
 PACKAGE = ROOT / "ddp_helpers"
 MODULE_MAP = ROOT / "docs" / "architecture.md"
 # The Markdown files a reader follows links in, on GitHub or in a checkout (docs/ pages are also site pages).
+# benchmarks/history/ holds the benchmark logs, out of docs/ and the site (issue 60).
 LINKED_DOCS = ["README.md", "notebooks/README.md", *sorted(p.relative_to(ROOT).as_posix()
-                                                           for p in (ROOT / "docs").glob("*.md"))]
+                                                           for p in (ROOT / "docs").glob("*.md")),
+               *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "benchmarks" / "history").glob("*.md"))]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")

@@ -106,6 +106,16 @@ def test_public_api_names_resolve():
         assert getattr(ddp_helpers, name) is not None, name
 
 
+def test_the_lesson_namespaces_resolve():
+    """`lesson.X` and `figures.X` in a notebook: every name their tables list is found where the table says."""
+    from ddp_helpers import lesson
+    from ddp_helpers.lesson import figures
+
+    for namespace in (lesson, figures):
+        for name in namespace.__all__:
+            assert getattr(namespace, name) is not None, (namespace.__name__, name)
+
+
 def test_every_subpackage_is_listed_for_the_wheel():
     """[tool.setuptools] packages is an explicit list: a subpackage missing there is silently left out of the wheel."""
     setup = PYPROJECT["tool"]["setuptools"]

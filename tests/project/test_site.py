@@ -353,7 +353,7 @@ SIDEBAR_AFTER_SCROLL = """() => { window.scrollTo(0, document.body.scrollHeight)
 def _reading_order(site: Path) -> List[str]:
     """The pages in the order of the table of contents: the index, the notebooks, then the reference."""
     return ["index"] + [f"notebooks/{n}" for n in _notebooks()] + [
-        n for n in ("benchmarks", "benchmark_history", "teachers", "maintainers", "architecture")
+        n for n in ("benchmarks", "teachers", "maintainers", "architecture")
         if (site / f"{n}.html").is_file()]
 
 

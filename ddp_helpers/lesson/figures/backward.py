@@ -74,7 +74,7 @@ def draw_ddp_backward(names: Sequence[str], buckets: Sequence[Sequence[int]]) ->
     copying into its bucket, each full bucket's all-reduce launched in order, and the queued callback
     (Reducer::finalize_backward, queued by mark_variable_ready once the last bucket is launched) that waits for
     them all, bucket by bucket, then copies each bucket's means into p.grad, before backward() returns; a bar in
-    gloo's lane spans each bucket's all-reduce, from its launch to its end. A schematic of the order of events (torch 2.14.1's reducer), with the
+    gloo's lane spans each bucket's all-reduce, from its launch to its end. A schematic of the order of events (the recorded torch's reducer), with the
     buckets given (e.g. those a real DDP run formed): not timed."""
     events = ddp_backward_events(names, buckets)
     fig = Figure(figsize=(4.6, 1.0 + 0.3 * len(events)), layout="constrained", dpi=DPI)  # narrow: a phone
