@@ -20,7 +20,7 @@ from .env import RankEnv, RankSpec, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
 from .cores import bind_this_thread, binding_plan
 from .lifetime import kill_descendants
-from .ranklog import capture_output
+from .ranklog import capture_output, output_to_pipe
 from .report import error_report, value_report
 
 
@@ -142,15 +142,19 @@ def apply_debug_level() -> None:
         reread()
 
 
-def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
-    """What each launched child runs (after boot.rank_main): the rank, then its report, then exit."""
+def rank_entry(rank: int, spec: RankSpec, payload: Any, log_pipe: Any = None) -> None:
+    """What each launched child runs (after boot.rank_main): the rank, then its report, then exit. Its output goes
+    to log_pipe, the launcher's pipe to its log (ranklog.LogKeeper), or with none (Windows) to the log itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     # The launcher's environment as it is now (a forkserver's ranks would otherwise see the server's, from its
     # start: a variable set in the notebook after warm_up() never reached them), then torchrun's variables.
     os.environ.clear()
     os.environ.update(spec.environ, **spec.env, **rank_env(rank))
     try:
-        capture_output(log_path(spec.run_dir, rank))
+        if log_pipe is None:
+            capture_output(log_path(spec.run_dir, rank))
+        else:
+            output_to_pipe(log_pipe, log_path(spec.run_dir, rank))
     except OSError:
         # The run folder is gone: the launch ended (an interrupt during its start) before this rank got here.
         # Nobody reads this rank; its traceback on the inherited stderr would land in a later notebook cell.
