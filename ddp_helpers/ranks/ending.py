@@ -115,4 +115,15 @@ def end_launch(procs: List[Any], mark: str, wait_s: float, before: Optional[Pids
             if p.pid is not None:
                 kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
         kill_marked(mark, before)  # and whatever left the group
+        for p in procs:
+            _close(p)
     return bool(pending)
+
+
+def _close(p: Any) -> None:
+    """Close a reaped rank's Process now: its sentinel is an fd, and the launch's frames that hold the Process
+    live on in a notebook's last traceback (sys.last_traceback) until the next error."""
+    try:
+        p.close()
+    except (ValueError, AttributeError):  # still running (it can't be closed), or not a multiprocessing Process
+        pass

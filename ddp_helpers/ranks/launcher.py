@@ -170,17 +170,18 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     if init_group:
         _check_binding(world_size, threads, backend, bind_cores)
     watch = SharedWatch(_sendable(fn, args, method)) if watch_shared else None  # said now, before any starts
-    own_dir = run_dir is None
-    run_dir = new_run_dir() if own_dir else run_dir
-    plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group, run_dir,
-                      on_poll, poll_s)
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
+    made = None  # the run folder this call makes (and removes), once it exists
     with EndOnSignals():
         try:
+            if run_dir is None:
+                run_dir = made = new_run_dir()
+            plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
+                              run_dir, on_poll, poll_s)
             return _launch(plan, Deferred((fn, args)), procs, echo_for(run_dir, world_size, quiet))
         finally:
-            if own_dir:
-                remove_run_dir(run_dir)
+            if made is not None:
+                remove_run_dir(made)
             if watch is not None:
                 watch.check()
 
