@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .env import RankEnv, RankSpec, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
 from .cores import bind_this_thread, binding_plan
-from .lifetime import kill_descendants
+from .lifetime import end_descendants
 from .ranklog import capture_output, output_to_pipe
 from .report import error_report, value_report
 
@@ -172,7 +172,7 @@ def rank_entry(rank: int, spec: RankSpec, payload: Any, log_pipe: Any = None) ->
     write_report(spec.run_dir, rank, report)
     sys.stdout.flush()
     sys.stderr.flush()
-    kill_descendants()  # nothing this rank started outlives it (a subprocess, a worker that lost its way)
+    end_descendants()  # nothing this rank started outlives it, nor holds a pid once it has exited
     # Skip interpreter teardown: the result is already reported, torch's teardown takes long, and a broken
     # process group can hang in destructors.
     os._exit(code)
