@@ -22,7 +22,7 @@ from .env import RankSpec, launched_env
 from .outbox import log_path, read_reports
 from .payload import Deferred, tensors_in
 from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
-from .ranklog import LogKeeper, keeper_for
+from .ranklog import LogKeeper, keeper_for, printable
 from .report import RankFailedError, diagnose, raised_in_collective
 from .shared_watch import SharedWatch
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
@@ -347,8 +347,9 @@ def _failure(first: int, context: RankProcesses, method: str, run_dir: str, worl
     codes = [p.exitcode for p in context.processes]
     server = context.forkserver_pid
     reports = read_reports(run_dir, world_size)
-    for report in reports.values():
-        report.traceback_text = name_cells(report.traceback_text)  # a learner's cell as IPython names it
+    for report in reports.values():  # a learner's cell as IPython names it; no control character reaches the cell
+        report.traceback_text = name_cells(printable(report.traceback_text))
+        report.text = printable(report.text)
     err = diagnose(reports, run_dir, world_size, first=first, codes=codes,
                    server_died=_forkserver_died(method, codes, server))
     return _tail_shown(err, echo)

@@ -113,8 +113,9 @@ class LogKeeper:
     def start(self) -> None:
         """Drain the pipes in a thread of this process until close()."""
         self.wake_r, self.wake_w = os.pipe()
-        self.thread = threading.Thread(target=self._drain, name="ddp_helpers-rank-logs", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=self._drain, name="ddp_helpers-rank-logs", daemon=True)
+        thread.start()
+        self.thread = thread  # only once started (a thread that didn't start can't be joined)
 
     def _drain(self) -> None:
         with selectors.DefaultSelector() as sel:

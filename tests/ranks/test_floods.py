@@ -147,3 +147,18 @@ def test_where_no_pipe_reaches_a_rank_it_writes_its_log_itself(monkeypatch, caps
     assert launch(_counts, 2) == [0, 1]
     out = capsys.readouterr().out
     assert "[rank 0] hello from rank 0\\x07\n" in out and "[rank 1] hello from rank 1\\x07\n" in out
+
+
+def _raises_with_controls(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("\x1b[2K\rforged\x07")
+    return rank
+
+
+def test_a_ranks_error_reaches_the_cell_escaped():
+    from ddp_helpers import RankFailedError
+
+    with pytest.raises(RankFailedError) as info:
+        launch(_raises_with_controls, 2, quiet=True)
+    text = str(info.value)
+    assert "ValueError: \\x1b[2K\\rforged\\x07" in text and not any(ch in text for ch in "\x1b\x07\r")
