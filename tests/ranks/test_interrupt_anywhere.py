@@ -135,13 +135,15 @@ def test_twenty_interrupts_anywhere_in_run_training_leave_nothing(small_cfg, tmp
     steps recorded so far once a run folder exists; no run folder, no fd of the process gained (the last
     exception kept, as a kernel keeps it in sys.last_value)."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    with InterruptAt() as counting:
-        run_training(small_cfg, progress=False)  # the forkserver up, the data cached: what every later run finds
+    cfg = small_cfg.replace(max_steps=30)  # long enough that some interrupts land between steps
+    run_training(cfg, progress=False)  # the forkserver up, the data cached: what every later run finds
+    with InterruptAt() as counting:  # how many lines a run takes (its watch loop's share varies with the load)
+        run_training(cfg, progress=False)
     before = _fds()
     points = [0, 1, 2] + sorted(random.Random(61).sample(range(3, counting.lines * 9 // 10), 17))
     interrupted = 0
     for k in points:
-        e = _interrupted_run(small_cfg, k)
+        e = _interrupted_run(cfg, k)
         interrupted += e is not None
         monkeypatch.setattr(sys, "last_value", e, raising=False)  # held, as a notebook holds its last error
         assert _left(str(tmp_path), cleanup.RUN_DIR_PREFIX) == [], f"interrupted at line {k}"
