@@ -78,11 +78,11 @@ def end_descendants() -> None:
     in the kernel) holds this process only until the launcher ends it.
     """
     become_subreaper()
-    kill_descendants()
     while True:
+        kill_descendants()  # again after each exit: one forked just before the last sweep comes to us alive
         try:
             os.waitpid(-1, 0)
-        except ChildProcessError:  # none left (and none can come: every descendant was killed)
+        except ChildProcessError:  # none left
             return
         except OSError:
             return

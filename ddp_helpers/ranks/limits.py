@@ -178,9 +178,12 @@ def wait_for_leaving(timeout_s: Optional[float] = None) -> bool:
                 fds.append(os.pidfd_open(pid))
             except OSError:  # gone already
                 pass
+        poller = select.poll()  # not select(): no limit on the fds' numbers
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         while fds and time.monotonic() < deadline:
-            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
-            for fd in ready:
+            for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                poller.unregister(fd)
                 fds.remove(fd)
                 os.close(fd)
     finally:
