@@ -77,6 +77,9 @@ def end_descendants() -> None:
     for each exit (os.waitpid: the event, not a clock) until none is left. A descendant that can't die (stuck
     in the kernel) holds this process only until the launcher ends it.
     """
+    if os.name != "posix":  # Windows: no zombies to collect (and os.waitpid(-1) would wait on this process itself)
+        kill_descendants()
+        return
     become_subreaper()
     while True:
         kill_descendants()  # again after each exit: one forked just before the last sweep comes to us alive
