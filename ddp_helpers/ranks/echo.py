@@ -6,7 +6,7 @@ stopped and prints the new complete lines: a rank's output reaches the cell only
 stderr share the log, so a rank's lines keep the order it wrote them in; both are shown on the parent's stdout.
 Capped per rank and launch, as the log itself is: a print loop can't flood the notebook. Bounded per poll: at most
 ECHO_READ_BYTES of a log is read at a time, and a line longer than ECHO_LINE_CHARS is shown cut and the rest of it
-counted, never held (a rank writing 200 MB without a newline once grew the launcher by 400 MB). Control
+counted, never held (issue 61: a flood without newlines grew the launcher as much as it wrote). Control
 characters are escaped (ranklog.printable): a rank can't forge another's prefix. Standard library only.
 """
 from __future__ import annotations

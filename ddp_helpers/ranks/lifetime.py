@@ -71,8 +71,8 @@ def end_descendants() -> None:
     """SIGKILL every process this one started, and theirs, then collect them all before this process exits.
 
     A killed process keeps its pid, and its place in a pids cgroup (pids.max), until its parent reaps it; one
-    orphaned by its parent's death waits for PID 1, which some containers' inits reap only every second or so.
-    After a rank forked to the cgroup's limit and failed, the next launch was refused for seconds. So this
+    orphaned by its parent's death waits for PID 1, which some containers' inits reap only now and then.
+    After a rank forked to the cgroup's limit and failed, the next launch was refused meanwhile. So this
     process first becomes the subreaper of its tree (Linux): the orphans of the killed come to it, and it waits
     for each exit (os.waitpid: the event, not a clock) until none is left. A descendant that can't die (stuck
     in the kernel) holds this process only until the launcher ends it.

@@ -1,6 +1,6 @@
 """A launched rank's stdout and stderr, Python's and C++'s alike: sent to its log file (which the launcher reads
 and shows, ranks/echo.py), and capped as it is written, so a rank that prints without end can't fill the disk
-(8.86 GiB were seen before the cap) nor pass the cap between two looks at it (200 MiB were, issue 61).
+(8.86 GiB were seen before the cap) nor pass the cap between two looks at it (issue 61; docs/benchmarks.md).
 
 On POSIX the rank's fds 1 and 2 are a pipe whose other end the launcher holds: one thread of the launch
 (`LogKeeper`) drains every rank's pipe into its log, and the log is rotated at the exact byte where it would pass
