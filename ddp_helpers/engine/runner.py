@@ -12,6 +12,7 @@ from .config import ConfigError, TrainConfig
 from ..data import load_data
 from .job import Job, check_job
 from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
+from ..ranks.ending import interrupts_deferred
 from ..ranks.launcher import LaunchInterrupted, RankFailedError, check_start_method, launch
 from ..ranks.placement import default_threads
 from .result import TrainResult
@@ -83,6 +84,20 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     print (torch's warnings), prefixed "[rank r] " as launch() shows a function's; by default the engine's ranks,
     which run only the package's code, stay silent, and a failure shows the failed rank's last lines.
     """
+    try:
+        return _run_training(cfg, progress, start_method, on_progress, rank_output, overrides)
+    except KeyboardInterrupt as e:
+        if isinstance(e, LaunchInterrupted):
+            raise
+        # Before the run folder existed (the settings' checks, the data's loading): no rank started, none recorded.
+        raise LaunchInterrupted("training stopped before it began: no rank had started and no step was recorded "
+                                "(.partial_result is None)") from None
+
+
+def _run_training(cfg: Optional[TrainConfig], progress: Optional[bool], start_method: str,
+                  on_progress: Optional[Callable[[List[int], int], None]], rank_output: bool,
+                  overrides: dict) -> TrainResult:
+    """run_training, a Ctrl-C before the launch's watch left raw (run_training turns it into LaunchInterrupted)."""
     cfg = _settings(cfg, progress, on_progress, overrides)
     if not isinstance(rank_output, bool):
         raise ConfigError(f"run_training(rank_output={rank_output!r}) is not accepted: True or False")
@@ -91,12 +106,14 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     check_start_method(start_method)  # before the data loads (check_job has checked the rest)
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
     with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
-        run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
+        run_dir = None
         try:
+            run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
             return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress,
                              rank_output)
         finally:
-            remove_run_dir(run_dir)
+            if run_dir is not None:
+                remove_run_dir(run_dir)
 
 
 def _settings(cfg: Optional[TrainConfig], progress: object, on_progress: object, overrides: dict) -> TrainConfig:
@@ -119,14 +136,16 @@ def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, dat
               rank_output: bool = False) -> TrainResult:
     """run_training's launch and result, with every rank's rows in run_dir."""
     job = Job.create(cfg, backend, data, run_dir, start_step)
-    bar = ProgressBar(job.rows, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks", on_progress)
-    # The seed pipeline passes no data: its ranks load their own copies, as the listing's do. Otherwise the
-    # images are normalized once here (cached with the data), and the ranks map these pages instead of copying.
-    shared = None if cfg.pipeline == "seed" else data
-    if shared is not None:
-        shared.train_normalized()
-    job.t_launch = time.monotonic()
+    bar = None
     try:
+        bar = ProgressBar(job.rows, job.plan.n_steps, _want_progress(progress), f"{cfg.world_size} ranks",
+                          on_progress)
+        # The seed pipeline passes no data: its ranks load their own copies, as the listing's do. Otherwise the
+        # images are normalized once here (cached with the data), and the ranks map these pages instead of copying.
+        shared = None if cfg.pipeline == "seed" else data
+        if shared is not None:
+            shared.train_normalized()
+        job.t_launch = time.monotonic()
         outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, run_dir), backend=backend,
                          host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s,
                          threads_per_rank=cfg.threads_per_rank or default_threads(cfg.world_size), on_poll=bar,
@@ -136,15 +155,23 @@ def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, dat
     except RankFailedError as e:
         e.partial_result = job.result(complete=False)  # every step the ranks recorded before the failure
         raise
-    except LaunchInterrupted as e:
-        e.partial_result = partial = job.result(complete=False)
-        e.what = (f"training stopped after {partial.n_steps} of {job.plan.n_steps} steps; all {cfg.world_size} ranks "
-                  f"have ended. The steps recorded are in this exception's .partial_result (in a notebook: "
-                  "sys.last_value.partial_result)")
-        raise
+    except KeyboardInterrupt as e:  # LaunchInterrupted, or Ctrl-C outside the launch's watch (before, after it)
+        with interrupts_deferred():  # a second Ctrl-C can't lose the steps recorded
+            partial = job.result(complete=False)
+        what = (f"training stopped after {partial.n_steps} of {job.plan.n_steps} steps; all {cfg.world_size} ranks "
+                f"have ended. The steps recorded are in this exception's .partial_result (in a notebook: "
+                "sys.last_value.partial_result)")
+        if isinstance(e, LaunchInterrupted):
+            e.partial_result, e.what = partial, what
+            raise
+        stop = LaunchInterrupted(what)
+        stop.partial_result = partial
+        raise stop from None
     finally:
-        bar.close()
-        job.rows.close()  # unmapped before the folder goes (Windows can't remove a mapped file)
+        with interrupts_deferred():
+            if bar is not None:
+                bar.close()
+            job.rows.close()  # unmapped before the folder goes (Windows can't remove a mapped file)
     missed = outputs[0].get("checkpoint_error")
     if missed:  # the training finished, its last checkpoint didn't: the result is kept on the error
         raise CheckpointError(missed, result)

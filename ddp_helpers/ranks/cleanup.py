@@ -1,4 +1,8 @@
-"""What a launch leaves behind, and removing it: its run folder, what a dead launch left, its signal handlers."""
+"""What a launch leaves behind, and removing it: its run folder, what a dead launch left, its signal handlers.
+
+Ctrl-C can't split a folder's making or removal: a folder is whole (its owner file written, its lock held) and
+handed to the caller, or gone, and no descriptor is left open (an interrupt between mkdtemp and hold() once left
+a folder holding only its owner file, and the temp dir kept it after the kernel ended)."""
 from __future__ import annotations
 
 import glob
@@ -10,6 +14,8 @@ import stat
 import tempfile
 import threading
 from typing import Any, Dict, Optional
+
+from .ending import interrupts_deferred
 
 try:
     import fcntl
@@ -58,11 +64,21 @@ def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     import psutil
 
     check_temp_dir(where)  # the forkserver's socket folder too: swapped, its socket could be someone else's
-    folder = tempfile.mkdtemp(prefix=prefix, dir=where)  # where: None = the temp dir
-    with open(os.path.join(folder, "owner"), "w") as fh:
-        fh.write(f"{os.getpid()} {psutil.Process().create_time()}")
-    hold(folder)
-    return folder
+    started = psutil.Process().create_time()
+    folder = None
+    try:
+        with interrupts_deferred() as pending:  # Ctrl-C waits for the folder to be whole
+            folder = tempfile.mkdtemp(prefix=prefix, dir=where)  # where: None = the temp dir
+            with open(os.path.join(folder, "owner"), "w") as fh:
+                fh.write(f"{os.getpid()} {started}")
+            hold(folder)
+        if pending:
+            raise KeyboardInterrupt
+        return folder
+    except BaseException:
+        if folder is not None:
+            remove_run_dir(folder)
+        raise
 
 
 def hold(folder: str) -> None:
@@ -133,21 +149,30 @@ def remove_stale() -> None:
               (SHORT_ROOT, MP_DIR_PREFIX)]  # a long temp dir's socket folders go to SHORT_ROOT (startmethod)
     for root, prefix in dict.fromkeys(places):
         for folder in glob.glob(os.path.join(root, prefix + "*")):
-            if not _ours(folder):
-                continue  # another user's, or a link: never read, never removed
-            lock = os.path.join(folder, LOCK)
-            if fcntl is not None and os.path.exists(lock):
-                stale = _unheld(lock)
-            else:
-                stale = _owner_gone(folder)
-            if stale:
-                shutil.rmtree(folder, ignore_errors=True)
+            with interrupts_deferred() as pending:  # a folder half removed (its owner file gone) is never judged
+                _remove_if_stale(folder)
+            if pending:
+                raise KeyboardInterrupt
+
+
+def _remove_if_stale(folder: str) -> None:
+    if not _ours(folder):
+        return  # another user's, or a link: never read, never removed
+    lock = os.path.join(folder, LOCK)
+    if fcntl is not None and os.path.exists(lock):
+        stale = _unheld(lock)
+    else:
+        stale = _owner_gone(folder)
+    if stale:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_run_dir(folder: str) -> None:
-    """Remove a run folder this process made (its hold released first)."""
-    release(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    """Remove a run folder this process made (its hold released first). Ctrl-C meanwhile is dropped: this is a
+    launch's last step, whether it ends or is already ending, and the folder goes whole."""
+    with interrupts_deferred():
+        release(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_own_multiprocessing_dir() -> None:
@@ -180,20 +205,29 @@ class EndOnSignals:
         self.saved: dict = {}
 
     def __enter__(self) -> "EndOnSignals":
-        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+        if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+            return self
+        with interrupts_deferred() as pending:  # all installed, or none
             for name in ("SIGTERM", "SIGHUP"):
                 sig = getattr(signal, name, None)  # Windows has no SIGHUP
                 if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:  # never replace someone's handler
                     self.saved[sig] = signal.signal(sig, self._raise)
+        if pending:
+            self._restore()
+            raise KeyboardInterrupt
         return self
+
+    def _restore(self) -> None:
+        with interrupts_deferred():  # all restored (a Ctrl-C now comes as the launch ends anyway)
+            for sig, handler in self.saved.items():
+                signal.signal(sig, handler)
 
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
         raise Signalled(signum)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
+        self._restore()
         if isinstance(exc, Signalled) and exc.signum in self.saved:
             remove_own_multiprocessing_dir()  # dying of the signal skips atexit, which would have removed it
             signal.raise_signal(exc.signum)  # the default action: this process ends, killed by that signal

@@ -4,7 +4,10 @@ prefixed "[rank r] ", as Lightning's ddp_notebook and accelerate's notebook_laun
 The rank writes to its log (ranks/ranklog.py); the launcher's watch loop reads each log from where it last
 stopped and prints the new complete lines: a rank's output reaches the cell only through its parent. stdout and
 stderr share the log, so a rank's lines keep the order it wrote them in; both are shown on the parent's stdout.
-Capped per rank and launch, as the log itself is: a print loop can't flood the notebook. Standard library only.
+Capped per rank and launch, as the log itself is: a print loop can't flood the notebook. Bounded per poll: at most
+ECHO_READ_BYTES of a log is read at a time, and a line longer than ECHO_LINE_CHARS is shown cut and the rest of it
+counted, never held (issue 61: a flood without newlines grew the launcher as much as it wrote). Control
+characters are escaped (ranklog.printable): a rank can't forge another's prefix. Standard library only.
 """
 from __future__ import annotations
 
@@ -15,9 +18,12 @@ from typing import List, Optional
 
 from .cells import name_cells
 from .outbox import log_path
+from .ranklog import LOG_CAP_BYTES, printable
 
 ECHO_LINES = 200  # a rank's lines shown per launch; past them, one line says so, and the count comes at the end
 ECHO_LINE_CHARS = 2000  # a longer line is cut here (a tensor printed whole, output without a newline)
+ECHO_READ_BYTES = 2**20  # read from a rank's log per poll, at most: the launcher's memory stays flat in a flood
+LONG_LINE_BYTES = 4 * ECHO_LINE_CHARS  # an unended line this long is shown cut at once (utf-8: <= 4 bytes a char)
 # Lines not shown, only logged. gloo of some torch releases prints one per rank as its group connects
 # ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"): noise the
 # learner didn't write, and the cells' stored outputs would differ between torch versions (which ones:
@@ -31,45 +37,65 @@ class RankEcho:
     def __init__(self, path: str, rank: int):
         self.path, self.rank = path, rank
         self.fh = None  # opened once the rank has created its log
-        self.pending = b""  # the start of a line not yet ended
+        self.pending = b""  # the start of a line not yet ended (at most LONG_LINE_BYTES + a read)
         self.shown = self.held_back = 0
-        self.cutting = False  # inside a line already shown cut: the rest of it is dropped
+        self.cutting = False  # inside a line too long to hold: the rest of it is dropped (counted if shown)
+        self.counting = False  # ... and it was shown cut: its dropped bytes count in cut_bytes
+        self.cut_lines = self.cut_bytes = 0  # lines shown cut, and the bytes of them not shown
+        self.lost = False  # the log dropped a file before it was read (the rank wrote faster than polls read)
 
     @property
     def shown_all(self) -> bool:
         """True while every line the rank wrote has been shown (none held back by the cap)."""
-        return self.held_back == 0
+        return self.held_back == 0 and not self.lost
 
     def poll(self) -> None:
-        """Print the lines completed since the last look."""
+        """Print the lines completed since the last look (from at most ECHO_READ_BYTES of the log)."""
         self._take(self._read())
 
     def finish(self) -> None:
-        """Print what is left (a last line without its newline too), and how many lines the cap held back."""
-        self._take(self._read())
+        """Print what is left (a last line without its newline too), and what the caps held back."""
+        data = self._read()
+        while data:  # the rank has ended: its log no longer grows (at most twice ranklog's cap is left)
+            self._take(data)
+            data = self._read()
         if self.pending and not self.cutting:
             self._line(self.pending)
         self.pending = b""
+        if self.cut_lines:
+            _say(f"[rank {self.rank}] ... {self.cut_lines:,} line{'s' * (self.cut_lines > 1)} cut at "
+                 f"ECHO_LINE_CHARS: {self.cut_bytes:,} bytes not shown\n")
         if self.held_back:
             _say(f"[rank {self.rank}] ... {self.held_back:,} more lines not shown\n")
+        if self.lost:
+            _say(f"[rank {self.rank}] ... and output its log dropped before it was read, not counted (a log keeps "
+                 f"its newest {2 * LOG_CAP_BYTES // 2**20} MiB: ranklog.LOG_CAP_BYTES, twice)\n")
 
     def _read(self) -> bytes:
+        """At most ECHO_READ_BYTES of the log, from where the last read stopped; across its rotation, the rest
+        of the file set aside first, then the new one."""
         if self.fh is None:
             try:
                 self.fh = open(self.path, "rb")  # noqa: SIM115 - kept open between looks
             except OSError:  # not created yet (or the run folder is gone)
                 return b""
-        data = self.fh.read()
-        try:
-            rotated = os.stat(self.path).st_ino != os.fstat(self.fh.fileno()).st_ino
-        except OSError:  # between the log's rotation and its new file: next time
-            rotated = False
-        if rotated:  # the rank set this file aside (ranklog's cap): its last bytes, then the new file
-            data += self.fh.read()
-            self.fh.close()
-            self.fh = None
-            data += self._read()
+        data = self.fh.read(ECHO_READ_BYTES)
+        if len(data) == ECHO_READ_BYTES or not self._set_aside():
+            return data
+        data += self.fh.read(ECHO_READ_BYTES - len(data))  # set aside, it no longer grows: its last bytes
+        if len(data) < ECHO_READ_BYTES:  # its end: the new file from now on
+            self.lost |= os.fstat(self.fh.fileno()).st_nlink == 0  # dropped as well: a whole file went unread
+            self.close()
+            if not data:
+                return self._read()
         return data
+
+    def _set_aside(self) -> bool:
+        """True when the log file we read is no longer the rank's log (ranklog rotated it)."""
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self.fh.fileno()).st_ino
+        except OSError:  # between the log's rotation and its new file: next time
+            return False
 
     def _take(self, data: bytes) -> None:
         lines = (self.pending + data).split(b"\n")
@@ -77,28 +103,36 @@ class RankEcho:
         for line in lines:
             if self.cutting:
                 self.cutting = False  # the end of the line that was cut
+                self.cut_bytes += len(line) * self.counting
             else:
                 self._line(line)
-        if len(self.pending) > 4 * ECHO_LINE_CHARS and not self.cutting:  # no newline in sight: show it cut
-            self._line(self.pending)
-            self.pending, self.cutting = b"", True
-        elif self.cutting:
+        if self.cutting:
+            self.cut_bytes += len(self.pending) * self.counting
             self.pending = b""
+        elif len(self.pending) > LONG_LINE_BYTES:  # no newline in sight: show it cut now, count the rest
+            self.counting = self._line(self.pending, unended=True)
+            self.pending, self.cutting = b"", True
 
-    def _line(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", errors="replace").rstrip("\r").rsplit("\r", 1)[-1]  # a progress bar's last
+    def _line(self, raw: bytes, unended: bool = False) -> bool:
+        """Show one line (True if it was shown cut)."""
+        last = raw.rstrip(b"\r").rsplit(b"\r", 1)[-1]  # a progress bar's last state
+        text = last[:LONG_LINE_BYTES].decode("utf-8", errors="replace")
         if any(p.search(text) for p in NOISE):
-            return
+            return False
         if self.shown >= ECHO_LINES:
             self.held_back += 1
-            return
-        if len(text) > ECHO_LINE_CHARS:
+            return False
+        cut = unended or len(text) > ECHO_LINE_CHARS
+        if cut:
+            self.cut_lines += 1
+            self.cut_bytes += len(last) - len(text[:ECHO_LINE_CHARS].encode("utf-8", errors="replace"))
             text = text[:ECHO_LINE_CHARS] + " [... cut]"
         self.shown += 1
-        _say(f"[rank {self.rank}] {name_cells(text)}\n")
+        _say(f"[rank {self.rank}] {name_cells(printable(text))}\n")
         if self.shown == ECHO_LINES:
             _say(f"[rank {self.rank}] ... further lines not shown (ECHO_LINES = {ECHO_LINES} per rank and launch, "
                  "in ddp_helpers/ranks/echo.py; launch(quiet=True) shows none)\n")
+        return cut
 
     def close(self) -> None:
         """Let go of the log (Windows can't remove an open file)."""

@@ -10,6 +10,7 @@ import time
 from typing import Any, FrozenSet, Iterator, List, Optional
 
 from .lifetime import kill_group
+from .limits import note_ended
 
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 LAUNCH_MARK = "DDP_HELPERS_LAUNCH"  # in every rank's environment, so in everything a rank starts
@@ -115,4 +116,17 @@ def end_launch(procs: List[Any], mark: str, wait_s: float, before: Optional[Pids
             if p.pid is not None:
                 kill_group(p.pid)  # each rank leads a process group: whatever it started is still in it
         kill_marked(mark, before)  # and whatever left the group
+        note_ended([p.pid for p in procs if p.pid is not None])  # the next launch's room check waits for them
+        for p in procs:
+            _close(p)
     return bool(pending)
+
+
+def _close(p: Any) -> None:
+    """Let go of a reaped rank's fds now (its sentinel, a pipe): the launch's frames that hold its Process live on
+    in a notebook's last traceback (sys.last_value) until the next error, and over 20 interrupts a kernel kept
+    4 more fds. Its Popen is closed, not the Process: p.exitcode, p.join() and p.is_alive() still answer (from
+    the exit code already collected), where Process.close() would make them raise."""
+    popen = getattr(p, "_popen", None)
+    if popen is not None and getattr(popen, "returncode", None) is not None:  # reaped: nothing more to wait on
+        popen.close()

@@ -18,8 +18,10 @@ from .echo import LaunchEcho, echo_for
 from .joining import RankExited, RankProcesses
 from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
+from .outbox import log_path
 from .payload import Deferred, tensors_in
 from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
+from .ranklog import LogKeeper, keeper_for, printable
 from .report import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
 from .shared_watch import SharedWatch
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
@@ -167,17 +169,18 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     if init_group:
         _check_binding(world_size, threads, backend, bind_cores)
     watch = SharedWatch(_sendable(fn, args, method)) if watch_shared else None  # said now, before any starts
-    own_dir = run_dir is None
-    run_dir = new_run_dir() if own_dir else run_dir
-    plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group, run_dir,
-                      on_poll, poll_s)
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
+    made = None  # the run folder this call makes (and removes), once it exists
     with EndOnSignals():
         try:
+            if run_dir is None:
+                run_dir = made = new_run_dir()
+            plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
+                              run_dir, on_poll, poll_s)
             return _launch(plan, Deferred((fn, args)), procs, echo_for(run_dir, world_size, quiet))
         finally:
-            if own_dir:
-                remove_run_dir(run_dir)
+            if made is not None:
+                remove_run_dir(made)
             if watch is not None:
                 watch.check()
 
@@ -225,6 +228,7 @@ def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optiona
     listener = store = None
     world_size, mark = plan.world_size, plan.mark
     before = PidsBefore()  # what a rank starts is among the processes that appear from now on
+    logs = keeper_for([log_path(plan.run_dir, r) for r in range(world_size)])  # the ranks' output, capped
     try:
         # Bound before the ranks start (its port is part of their environment); it listens, with a TCP store
         # behind it, only for a function that joins through env:// itself (init_group=False).
@@ -233,12 +237,12 @@ def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optiona
                LAUNCH_MARK: mark}
         spec = RankSpec(dict(os.environ), env, plan.run_dir, plan.backend, plan.timeout_s, plan.threads,
                         plan.bind_cores, plan.init_group)
-        context = _start_ranks(plan.method, world_size, spec, payload, procs)
+        context = _start_ranks(plan.method, world_size, spec, payload, procs, logs)
         if not plan.init_group:
             # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
             # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
             store = serve_store(listener, plan.host, world_size, plan.timeout_s)
-        outputs = _supervise(context, plan.method, plan.run_dir, world_size, plan.on_poll, plan.poll_s, echo)
+        outputs = _supervise(context, plan.method, plan.run_dir, world_size, plan.on_poll, plan.poll_s, echo, logs)
     except KeyboardInterrupt:
         end_launch(procs, mark, wait_s=0.0, before=before)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
@@ -247,9 +251,12 @@ def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optiona
         raise
     finally:
         store = None  # noqa: F841 - frees the port for the next run
-        if listener is not None:
-            listener.close()
-    if end_launch(procs, mark, wait_s=10.0, before=before):  # every rank reported: they are exiting now
+        with interrupts_deferred() as late:  # no fd outlives the launch, whenever Ctrl-C comes
+            if listener is not None:
+                listener.close()
+            if logs is not None:
+                logs.close()
+    if end_launch(procs, mark, wait_s=10.0, before=before) or late:  # every rank reported: they exit now
         raise LaunchInterrupted(f"stopped as the ranks finished; all {world_size} ranks have ended")
     return outputs
 
@@ -261,10 +268,10 @@ def _listen(host: str, port: int, listen: bool):
         raise LaunchError(f"launch(port={port}) can't listen on {host}: {e}; use port=0 (a free port)") from None
 
 
-def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred,
-                 procs: List[Any]) -> RankProcesses:
-    """Start the rank processes, appending each to procs; RankProcesses then watches them (ranks report
-    through files of the log folder)."""
+def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred, procs: List[Any],
+                 logs: Optional[LogKeeper]) -> RankProcesses:
+    """Start the rank processes, appending each to procs, each with its end of a pipe for its output (logs);
+    RankProcesses then watches them (ranks report through files of the run folder)."""
     if method == "fork":
         # DDP's constructor imports torch._dynamo (seconds: docs/benchmarks.md). Importing it once in the parent: every
         # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
@@ -273,24 +280,37 @@ def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred
         prepare_forkserver()
     ctx = multiprocessing.get_context(method)
     for rank in range(world_size):
-        p = ctx.Process(target=rank_main, args=(rank, spec, payload), name=f"ddp_helpers-rank{rank}", daemon=False)
         with interrupts_deferred() as pending:  # a rank forked as Ctrl-C comes is in procs, so it is ended too
+            pipe = logs.pipe_for(rank) if logs is not None else None
+            p = ctx.Process(target=rank_main, args=(rank, spec, payload, pipe), name=f"ddp_helpers-rank{rank}",
+                            daemon=False)
             p.start()
             procs.append(p)
+            if logs is not None:
+                logs.sent(rank)
         if pending:
             raise KeyboardInterrupt
+    if logs is not None:
+        logs.start()  # only now: a forked rank must not inherit its thread
     return RankProcesses(procs, _forkserver_pid() if method == "forkserver" else None)
 
 
 def _supervise(context: RankProcesses, method: str, run_dir: str, world_size: int,
-               on_poll: Optional[Callable[[], None]], poll_s: float, echo: Optional[LaunchEcho]) -> List[Any]:
+               on_poll: Optional[Callable[[], None]], poll_s: float, echo: Optional[LaunchEcho],
+               logs: Optional[LogKeeper] = None) -> List[Any]:
     """Wait for every rank, showing what they print; on the first failure end them all (RankProcesses.join) and raise
     RankFailedError."""
+    late: List[int] = []  # Ctrl-C while the last output is shown: once it is, the launch is interrupted
     try:
         failed = _watch(context, on_poll, poll_s, echo)
     finally:
-        if echo is not None:
-            echo.finish()  # every line the ranks wrote, before their values or the error
+        with interrupts_deferred() as late:
+            if logs is not None:
+                logs.close()  # the ranks have ended: their last words logged, before the echo's last look
+            if echo is not None:
+                echo.finish()  # every line the ranks wrote, before their values or the error
+    if late:
+        raise KeyboardInterrupt
     if failed is not None:
         err = _failure(failed, context, method, run_dir, world_size, echo)
         raise err from err.__cause__  # the rank's own exception, not RankExited
@@ -326,8 +346,9 @@ def _failure(first: int, context: RankProcesses, method: str, run_dir: str, worl
     codes = [p.exitcode for p in context.processes]
     server = context.forkserver_pid
     reports = read_rank_reports(run_dir, world_size)
-    for report in reports.values():
-        report.traceback_text = name_cells(report.traceback_text)  # a learner's cell as IPython names it
+    for report in reports.values():  # a learner's cell as IPython names it; no control character reaches the cell
+        report.traceback_text = name_cells(printable(report.traceback_text))
+        report.text = printable(report.text)
     err = diagnose(reports, run_dir, world_size, first=first, codes=codes,
                    server_died=_forkserver_died(method, codes, server))
     return _tail_shown(err, echo)

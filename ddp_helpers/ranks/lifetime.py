@@ -1,5 +1,6 @@
 """A process's lifetime and what it leaves: dying with its parent, leading its own process group, killing a group
-or every descendant, its peak memory, and its heap frozen out of the garbage collector's view."""
+or every descendant (and collecting them), its peak memory, and its heap frozen out of the garbage collector's
+view."""
 from __future__ import annotations
 
 import ctypes
@@ -64,6 +65,38 @@ def kill_group(pgid: int) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # empty: nothing left
             pass
+
+
+def end_descendants() -> None:
+    """SIGKILL every process this one started, and theirs, then collect them all before this process exits.
+
+    A killed process keeps its pid, and its place in a pids cgroup (pids.max), until its parent reaps it; one
+    orphaned by its parent's death waits for PID 1, which some containers' inits reap only now and then.
+    After a rank forked to the cgroup's limit and failed, the next launch was refused meanwhile. So this
+    process first becomes the subreaper of its tree (Linux): the orphans of the killed come to it, and it waits
+    for each exit (os.waitpid: the event, not a clock) until none is left. A descendant that can't die (stuck
+    in the kernel) holds this process only until the launcher ends it.
+    """
+    if os.name != "posix":  # Windows: no zombies to collect (and os.waitpid(-1) would wait on this process itself)
+        kill_descendants()
+        return
+    become_subreaper()
+    while True:
+        kill_descendants()  # again after each exit: one forked just before the last sweep comes to us alive
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:  # none left
+            return
+        except OSError:
+            return
+
+
+def become_subreaper() -> None:
+    """Linux: the orphans of this process's descendants are re-parented to it (not to PID 1), for it to reap."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: only this process's own children come back to it
+        pass
 
 
 def kill_descendants() -> None:

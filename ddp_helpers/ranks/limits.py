@@ -109,8 +109,84 @@ def check_world_size(world_size: int, threads: Optional[int], owner: str = "Trai
                           "the usable cores (more threads than cores only wait for each other); use None (automatic: "
                           "cores // ranks) or fewer")
     need = world_size * ((threads or 1) + TASKS_PER_RANK)
-    for room, what in room_limits() if rooms is None else rooms:
-        if need > room:
-            raise ConfigError(f"{setting('world_size', world_size, owner=owner)} is not accepted: {world_size} ranks "
-                              f"need about {need} processes and threads, and only {max(room, 0)} more may start here "
-                              f"({what}); use fewer ranks or {setting('threads_per_rank')}, or raise the limit")
+    short = [(room, what) for room, what in (room_limits() if rooms is None else rooms) if need > room]
+    if short and rooms is None and wait_for_leaving():  # what our last launches ended has left: look again
+        short = [(room, what) for room, what in room_limits() if need > room]
+    for room, what in short:
+        left = leaving()
+        still = (f"; {len(left)} of those in use are processes a launch in this process ended that have exited but "
+                 "not yet been collected by their parent (pid 1 in some containers takes seconds): run again in a "
+                 "moment" if left else "")
+        raise ConfigError(f"{setting('world_size', world_size, owner=owner)} is not accepted: {world_size} ranks "
+                          f"need about {need} processes and threads, and only {max(room, 0)} more may start here "
+                          f"({what}{still}); use fewer ranks or {setting('threads_per_rank')}, or raise the limit")
+
+
+# ---------------------------------------------------------------- what this process's launches ended, leaving
+LEAVING_WAIT_S = 5.0  # the next launch waits this long at most for them: each exit ends the wait as it comes
+_ENDED_GROUPS: "dict[int, None]" = {}  # the process groups of the ranks this process's launches ended (newest last)
+_ENDED_KEPT = 256
+
+
+def note_ended(groups: List[int]) -> None:
+    """A launch ended ranks leading these process groups (ranks/ending.py): what is still in them is leaving."""
+    for group in groups:
+        _ENDED_GROUPS.pop(group, None)
+        _ENDED_GROUPS[group] = None
+    while len(_ENDED_GROUPS) > _ENDED_KEPT:
+        del _ENDED_GROUPS[next(iter(_ENDED_GROUPS))]
+
+
+def leaving() -> List[int]:
+    """The pids, in the groups of ranks this process ended, of processes that are exiting or exited (Linux's
+    /proc/<pid>/stat: state Z or X, or the PF_EXITING flag): a pids cgroup and RLIMIT_NPROC count them until
+    their parent collects them. Killed children of a torch rank take a while to exit (their memory is torn down)."""
+    if not _ENDED_GROUPS or not os.path.isdir("/proc/self"):
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(name)
+            if fields and int(fields[2]) in _ENDED_GROUPS and (fields[0] in "ZXx" or int(fields[6]) & 0x4):
+                found.append(int(name))
+    return found
+
+
+def _stat_fields(pid: str) -> List[str]:
+    """/proc/<pid>/stat's fields after the command's name (state, ppid, pgrp, ..., flags at [6])."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return []
+
+
+def wait_for_leaving(timeout_s: Optional[float] = None) -> bool:
+    """Wait until every leaving process (leaving()) has exited, each exit an event (a pidfd, Linux >= 5.3);
+    True if there were any (the room is worth reading again), False if none or no way to wait for them."""
+    import select
+    import time
+
+    pids = leaving()
+    if not pids or not hasattr(os, "pidfd_open"):
+        return bool(pids)
+    deadline = time.monotonic() + (LEAVING_WAIT_S if timeout_s is None else timeout_s)
+    fds = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except OSError:  # gone already
+                pass
+        poller = select.poll()  # not select(): no limit on the fds' numbers
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        while fds and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                poller.unregister(fd)
+                fds.remove(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from .env import RankEnv, RankSpec, adopt_scheduler_env, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
 from .cores import bind_this_thread, binding_plan
-from .lifetime import kill_descendants
-from .ranklog import capture_output
+from .lifetime import end_descendants
+from .ranklog import capture_output, output_to_pipe
 from .report import error_report, value_report
 
 
@@ -143,15 +143,19 @@ def apply_debug_level() -> None:
         reread()
 
 
-def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
-    """What each launched child runs (after boot.rank_main): the rank, then its report, then exit."""
+def rank_entry(rank: int, spec: RankSpec, payload: Any, log_pipe: Any = None) -> None:
+    """What each launched child runs (after boot.rank_main): the rank, then its report, then exit. Its output goes
+    to log_pipe, the launcher's pipe to its log (ranklog.LogKeeper), or with none (Windows) to the log itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     # The launcher's environment as it is now (a forkserver's ranks would otherwise see the server's, from its
     # start: a variable set in the notebook after warm_up() never reached them), then torchrun's variables.
     os.environ.clear()
     os.environ.update(spec.environ, **spec.env, **rank_env(rank))
     try:
-        capture_output(log_path(spec.run_dir, rank))
+        if log_pipe is None:
+            capture_output(log_path(spec.run_dir, rank))
+        else:
+            output_to_pipe(log_pipe, log_path(spec.run_dir, rank))
     except OSError:
         # The run folder is gone: the launch ended (an interrupt during its start) before this rank got here.
         # Nobody reads this rank; its traceback on the inherited stderr would land in a later notebook cell.
@@ -169,7 +173,7 @@ def rank_entry(rank: int, spec: RankSpec, payload: Any) -> None:
     write_report(spec.run_dir, rank, report)
     sys.stdout.flush()
     sys.stderr.flush()
-    kill_descendants()  # nothing this rank started outlives it (a subprocess, a worker that lost its way)
+    end_descendants()  # nothing this rank started outlives it, nor holds a pid once it has exited
     # Skip interpreter teardown: the result is already reported, torch's teardown takes long, and a broken
     # process group can hang in destructors.
     os._exit(code)

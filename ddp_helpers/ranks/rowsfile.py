@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from .ending import interrupts_deferred
 from .outbox import rows_path
 
 MAGIC = b"DDPROWS1"
@@ -87,17 +88,26 @@ class RowsReader:
 
     def _open(self, rank: int) -> Optional[Tuple[mmap.mmap, Dict[str, dict]]]:
         if rank not in self._maps:
-            try:
-                with open(rows_path(self.run_dir, rank), "rb") as fh:
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            except (FileNotFoundError, ValueError):  # not made yet (ValueError: an empty file can't be mapped)
+            with interrupts_deferred() as pending:  # a mapping (it holds an fd) is kept for close(), or closed
+                opened = self._map(rank)
+            if pending:
+                raise KeyboardInterrupt
+            if opened is None:
                 return None
-            try:
-                start = int.from_bytes(mm[len(MAGIC):len(MAGIC) + 8], "little")
-                self._maps[rank] = (mm, _parse(mm[:start]))
-            except ValueError:
-                mm.close()
-                raise ValueError(f"{rows_path(self.run_dir, rank)} is not a rows file") from None
+        return self._maps[rank]
+
+    def _map(self, rank: int) -> Optional[Tuple[mmap.mmap, Dict[str, dict]]]:
+        try:
+            with open(rows_path(self.run_dir, rank), "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (FileNotFoundError, ValueError):  # not made yet (ValueError: an empty file can't be mapped)
+            return None
+        try:
+            start = int.from_bytes(mm[len(MAGIC):len(MAGIC) + 8], "little")
+            self._maps[rank] = (mm, _parse(mm[:start]))
+        except ValueError:
+            mm.close()
+            raise ValueError(f"{rows_path(self.run_dir, rank)} is not a rows file") from None
         return self._maps[rank]
 
     def give(self, rank: int, tables: Dict[str, np.ndarray]) -> None:
@@ -115,9 +125,12 @@ class RowsReader:
         opened = self._open(rank)
         if opened is None:
             return None
-        views = _views(*opened)
-        copies = {k: v.copy() for k, v in views.items()}
-        del views  # the mapping can be closed only once no array refers to it
+        with interrupts_deferred() as pending:  # no view outlives this (in a traceback): close() must unmap
+            views = _views(*opened)
+            copies = {k: v.copy() for k, v in views.items()}
+            del views  # the mapping can be closed only once no array refers to it
+        if pending:
+            raise KeyboardInterrupt
         return copies
 
     def scalar(self, rank: int, table: str, index: int = 0) -> Optional[float]:

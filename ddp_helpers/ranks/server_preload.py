@@ -10,6 +10,9 @@ import os
 import signal
 import sys
 import threading
+import warnings
+
+from .lifetime import become_subreaper
 
 LAUNCHER_PID_ENV = "DDP_HELPERS_LAUNCHER_PID"  # set by startmethod.prepare_forkserver just before the server starts
 # torch._dynamo: DDP's constructor imports it (seconds). psutil: every rank uses it (the interface towards the
@@ -50,6 +53,11 @@ def preload() -> None:
         watch.join()
     gc.collect()
     gc.freeze()
+    # The orphans of a rank's children (the rank killed before it could collect them) come to this server, whose
+    # loop reaps every child as it exits: their pids leave a pids cgroup then, not when PID 1 gets round to them.
+    # Not inherited by the ranks it forks. The loop warns of each child it didn't fork: these are expected.
+    become_subreaper()
+    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
 
 
 def _in_forkserver() -> bool:

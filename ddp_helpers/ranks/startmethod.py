@@ -52,10 +52,18 @@ def _own_multiprocessing_dir() -> None:
     forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
     from .cleanup import MP_DIR_PREFIX, owned_dir
 
+    from .ending import interrupts_deferred
+
     config = multiprocessing.process.current_process()._config
-    if config.get("tempdir") is None:  # what multiprocessing.util.get_temp_dir does, with our folder
-        config["tempdir"] = folder = owned_dir(MP_DIR_PREFIX, socket_root())
+    if config.get("tempdir") is not None:
+        return
+    root = socket_root()
+    with interrupts_deferred() as pending:  # Ctrl-C waits until the folder is made and known to be removed at exit
+        folder = owned_dir(MP_DIR_PREFIX, root)  # what multiprocessing.util.get_temp_dir does, with our folder
+        config["tempdir"] = folder
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def prepare_forkserver() -> None:

@@ -23,10 +23,10 @@ def bind_listener(host: str, port: int, listen: bool = True) -> socket.socket:
         sock.bind(addr)
         if listen:
             sock.listen(128)
-    except OSError:
+        return sock
+    except BaseException:  # Ctrl-C too: no socket outlives the call
         sock.close()
         raise
-    return sock
 
 
 def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: float) -> TCPStore:
