@@ -105,9 +105,9 @@ def survey(sources: List[str]) -> Tuple[Set[Tuple[str, str]], List[str]]:
     return imported, bad
 
 
-# Notebooks another change is editing: their internal imports still to go (strict: passing fails, so that this
-# list is emptied once they do). 06: draw_resume -> figures.draw_resume, rng_state and set_rng_state -> lesson.*.
-PENDING = {"notebooks/06_notebook_to_torchrun.ipynb"}
+# Notebooks whose internal imports are still to go while another change edits them (strict: passing fails, so
+# that an entry leaves this set once they are gone). Empty: every notebook imports only public names.
+PENDING: set = set()
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
