@@ -10,7 +10,9 @@ order, the result never written back into p.grad, not the first wrong number it 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -19,17 +21,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._compare import close
-from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
-from ._sync_checks import (changed_params, hook_mistake, params_of, registration_verdict, snapshot,
-                           timing_verdict)
-from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_hooks
+from ._harness import Verdict, call_student, check_on_2_and_3_ranks, exercise, fail, student_outcomes
+from ._bucket_verdicts import (collective_verdict, flush_verdict, kept_verdict, offsets_verdict, op_verdict,
+                               structure_waits, waits_verdict, where_verdict)
+from ._sync_checks import (backward_error, changed_params, forward_verdict, hook_mistake, params_of,
+                           registration_verdict, returned_verdict, snapshot, timing_verdict)
+from ._sync_watch import held_handles, watch_hooks
+from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_collectives
 
 # Linear layers (in, out): 10 tensors from 3 to 144 numbers. With a cap of 140 numbers (560 bytes), the reverse of
 # model.parameters() makes 3 or more buckets of several tensors whatever the closing rule, and a partial last one.
 LAYERS = ((6, 10), (10, 12), (12, 12), (12, 8), (8, 3))
 CAP_BYTES = 560
 BATCH = 16
-ITERATIONS = 2
+ITERATIONS = 3
 
 NUDGES = {
     "no_finish": "the exercise asks for a function back: what does the training loop call after backward?",
@@ -57,6 +62,14 @@ NUDGES = {
     "stale_buffer": "the first backward's gradients were right, the second's were not: what is in your flat "
                     "buffer when the second backward starts?",
     "after_backward": "the gradients are right, but nothing travelled while backward was running.",
+    "not_all_reduce": "the ranks communicated, but did every rank end up with the sum?",
+    "wrong_op": "look at the operation your all_reduce applies.",
+    "wrong_offsets": "the gradients are not the mean: where in the bucket does each gradient sit?",
+    "sync_in_forward": "look at when your code runs: before or after the gradients exist?",
+    "averaged_output": "look at what your code averages: the gradients, or something else?",
+    "hook_returned": "backward stopped in your hook: look at what it returns.",
+    "waited_in_hook": "your gradients are right, but each all_reduce still held up the backward pass.",
+    "kept_works": "your gradients are right, but look at what your code still holds after finish().",
 }
 
 
@@ -97,12 +110,21 @@ class _Recorder:
     """Inside a rank: each gradient as it arrives (hooks registered before the learner's) and each all_reduce."""
 
     def __init__(self, model: nn.Module, world_size: int):
-        self.world_size, self.phase = world_size, "setup"
+        self.world_size, self.running = world_size, {"phase": "setup", "hook": None}
         self.arrived: Dict[int, torch.Tensor] = {}
         self.calls: List[Dict[str, Any]] = []
         for i, p in enumerate(model.parameters()):
             p.register_post_accumulate_grad_hook(
                 lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+
+    @property
+    def phase(self) -> str:
+        """Where the run is: "setup", "forward", "backward", "finish" or "after"."""
+        return self.running["phase"]
+
+    @phase.setter
+    def phase(self, now: str) -> None:
+        self.running["phase"] = now
 
     def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
         """What an all_reduce's tensor is: where it was started, and the parameters it held (see _layout)."""
@@ -126,18 +148,21 @@ def _iteration(model: nn.Module, local_model: nn.Module, rec: _Recorder, finish:
     first_call = len(rec.calls)
     params = params_of(model)
     before = snapshot(params)
-    rec.phase = "backward"
+    rec.running.pop("returned", None)
     try:
-        F.cross_entropy(model(x), y).backward()  # the learner's hooks run in here
+        rec.phase = "forward"
+        loss = F.cross_entropy(model(x), y)
+        rec.phase = "backward"
+        loss.backward()  # the learner's hooks run in here
     except Exception as e:  # noqa: BLE001 - an error in the learner's hook becomes a hint
-        return {"call": error_report(e, student_fn)}
+        return {"call": backward_error(e, student_fn, rec.running)}
     rec.phase = "finish"
     call = call_student(finish)
     call.pop("value", None)
     rec.phase = "after"
     return {"call": call, "local": _grads(local_model), "after": _grads(model),
             "calls": list(range(first_call, len(rec.calls))), "changed": changed_params(before, params),
-            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)]}
+            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)], "held": held_handles(finish)}
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
@@ -146,8 +171,12 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
     local_model = copy.deepcopy(model)
     rec = _Recorder(model, world_size)
     out: Dict[str, Any] = {"iterations": []}
-    with watch_all_reduce(student_fn, rec.classify, deferred=True) as reduced:
-        with watch_hooks(params_of(model)) as hooks:
+    phase = functools.partial(rec.running.__getitem__, "phase")
+    with contextlib.ExitStack() as stack:
+        reduced = stack.enter_context(watch_all_reduce(student_fn, rec.classify, deferred=True, phase=phase))
+        collectives = stack.enter_context(watch_collectives(
+            student_fn, on_call=lambda record: record.update(phase=phase())))
+        with watch_hooks(params_of(model), rec.running) as hooks:
             call = call_student(student_fn, model, CAP_BYTES)
         finish = call.pop("value", None)
         if call["status"] == "ok" and not callable(finish):
@@ -161,15 +190,17 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
                 if result["call"]["status"] != "ok":
                     out["call"] = result["call"]
                     break
-    out.update(calls=rec.calls, reduced=reduced, n_params=len(params_of(model)), hooks=hooks,
-               sizes=[p.numel() * p.element_size() for p in params_of(model)])
+    for handle in rec.running["handles"]:  # the learner's global hooks end with the check
+        handle.remove()
+    out.update(calls=rec.calls, reduced=reduced, collectives=collectives, n_params=len(params_of(model)),
+               hooks=hooks, sizes=[p.numel() * p.element_size() for p in params_of(model)])
     return out
 
 
 # ------------------------------------------------------------------------------------------------ the parent
 def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[str]]:
     """For each rank and parameter after iteration it: "mean", "sum", "half" (the mean divided again by the world
-    size), "local", "none" or "other"."""
+    size), "local", "local_div" (this rank's own, divided by the world size), "none" or "other"."""
     local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
     mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
 
@@ -178,7 +209,7 @@ def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[s
         if g is None:
             return "none"
         for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("half", mean[i] / world_size),
-                           ("local", local[r][i])):
+                           ("local", local[r][i]), ("local_div", local[r][i] / world_size)):
             if close(g, want):
                 return name
         return "other"
@@ -186,14 +217,23 @@ def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[s
     return [[label(r, i) for i in range(len(mean))] for r in range(world_size)]
 
 
-def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_params: int,
-                   world_size: int) -> Optional[Verdict]:
+def _mean(outs: List[Dict[str, Any]], it: int) -> List[np.ndarray]:
+    local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
+    return [sum(local[r][i] for r in range(len(outs))) / len(outs) for i in range(len(local[0]))]
+
+
+def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[Verdict]:
     """The verdict from one iteration's gradients (None when every rank holds the mean everywhere)."""
+    labels, rank0 = _labels(outs, it, world_size), outs[0]
+    calls, n_params = [rank0["calls"][k] for k in rank0["iterations"][it]["calls"]], rank0["n_params"]
     kinds = {lab for row in labels for lab in row}
     if kinds == {"mean"}:
         return None
     if "none" in kinds:
         return fail("wrong_value", "some p.grad was None after finish(): leave every gradient in p.grad, averaged.")
+    verdict = op_verdict(outs)
+    if verdict is not None:
+        return verdict
     if kinds == {"sum"}:
         return fail("no_divide", f"every rank holds {world_size}x the mean gradient, the sum over the ranks: "
                                  "all_reduce adds; divide each gradient by dist.get_world_size() (before or after "
@@ -207,13 +247,9 @@ def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_param
                                         "finish() every p.grad still held this rank's own gradient: the averaged "
                                         "values stayed in your bucket's flat buffer. Copy each gradient's slice "
                                         "of the bucket back into p.grad once its all_reduce is done.")
-    if kinds == {"local", "mean"}:
-        left = sorted({i for row in labels for i, lab in enumerate(row) if lab == "local"})
-        which = f"parameter {left[0]}" if len(left) == 1 else f"parameters {left}"
-        return fail("not_flushed", f"{len(left)} of {n_params} gradients ({which} of model.parameters(), whose "
-                                   "gradients backward produces last) were never averaged: no all_reduce carried "
-                                   "them. That is the last bucket, the one that never reached cap_bytes: send it "
-                                   "too, when its last gradient arrives (or in finish()).")
+    verdict = flush_verdict(labels, outs, it, n_params) or offsets_verdict(outs, it, _mean(outs, it))
+    if verdict is not None:
+        return verdict
     return fail("wrong_value", "after finish() the gradients were neither each rank's own nor the mean over the "
                                "ranks: average them (sum with all_reduce, divide by the world size) and write "
                                "them back into p.grad.")
@@ -272,17 +308,17 @@ def _structure_verdict(calls: List[Dict[str, Any]], n_params: int, sizes: List[i
     return None
 
 
-def _stale_verdict(rank0: Dict[str, Any]) -> Verdict:
-    """The second backward went wrong, the first did not: a buffer that kept values, or counters that did."""
-    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][it]["calls"]] for it in range(2)]
+def _stale_verdict(rank0: Dict[str, Any], it: int) -> Verdict:
+    """Backward it went wrong, the first did not: a buffer that kept values, or counters that did."""
+    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][i]["calls"]] for i in (0, it)]
     if moments[0] == moments[1]:
-        return fail("stale_buffer", "after the first backward every p.grad held the mean, after the second it did "
-                                    "not, though the buckets were sent at the same moments: the flat buffers "
-                                    "still held the first backward's values, and the second added to them (+=). "
+        return fail("stale_buffer", f"after the first backward every p.grad held the mean, after backward {it + 1} "
+                                    "it did not, though the buckets were sent at the same moments: the flat buffers "
+                                    "still held an earlier backward's values, and the next added to them (+=). "
                                     "Copy each gradient into its slot (copy_), or zero the buffers, every "
                                     "backward.")
-    return fail("stale_state", "after the first backward every p.grad held the mean, after the second it did "
-                               "not: your hooks still counted the first backward's gradients, so the buckets were "
+    return fail("stale_state", f"after the first backward every p.grad held the mean, after backward {it + 1} it "
+                               "did not: your hooks still counted an earlier backward's gradients, so the buckets were "
                                "sent at the wrong moments or not at all. Reset what they count (and the works) in "
                                "finish(), so that each backward starts with empty buckets.")
 
@@ -294,7 +330,15 @@ def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
         return fail("no_finish", f"bucketed_sync returned {kind}, not a function: return finish, the function that "
                                  "waits for the buckets and writes the averages into p.grad (the training loop "
                                  "calls it after loss.backward()).")
+    verdict = returned_verdict([o["call"] for o in outs])
+    if verdict is not None:
+        return verdict
     bad = [o for o in outs if o["call"]["status"] != "ok"]
+    if bad and bad[0]["call"].get("phase") == "forward":
+        verdict = forward_verdict([c for o in outs for c in o["collectives"]],
+                                  [x for o in outs for x in o["reduced"]], outs[0]["hooks"], bad[0]["call"])
+        if verdict is not None:
+            return verdict
     verdict = registration_verdict(outs[0]["hooks"]) if bad else None
     if verdict is not None and bad[0]["call"]["status"] not in ("not_done", "mistake"):
         return verdict
@@ -303,45 +347,51 @@ def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
 
 
 def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
-    """The verdict for one run: None when both iterations left the mean in every p.grad, sent as buckets should be."""
-    verdict = _first_call_verdict(outs)
+    """The verdict for one run: None when every iteration left the mean in every p.grad, sent as buckets should be."""
+    verdict = (_first_call_verdict(outs) or where_verdict(outs) or collective_verdict(outs) or
+               waits_verdict(outs))
     if verdict is not None:
         return verdict
     rank0 = outs[0]
-    if not rank0["reduced"]:
-        return registration_verdict(rank0["hooks"]) or fail(
-            "no_all_reduce", "no all_reduce was called: every rank kept its own gradients. Each bucket needs one "
-                             "dist.all_reduce(..., async_op=True).")
-    pending = unwaited(rank0["reduced"])
-    if pending:
-        return fail("unwaited", f"{len(pending)} of the {len(rank0['reduced'])} asynchronous all_reduces on rank 0 "
-                                "were never waited for: their result is in the buffer only once the work is done, "
-                                "and your code read it before that (or never). In finish(), call .wait() on every "
-                                "work the all_reduces returned before writing the result into p.grad.")
     its = rank0["iterations"]
-    verdict, it = timing_verdict(rank0["reduced"], its, [r["calls"] for r in its], "sent_before_full")
-    if verdict is not None:
-        return _stale_verdict(rank0) if it > 0 else verdict
-    for it in range(ITERATIONS):
-        calls = [rank0["calls"][k] for k in its[it]["calls"]]
-        verdict = _value_verdict(_labels(outs, it, world_size), calls, rank0["n_params"], world_size)
+    for o in outs:
+        verdict, it = timing_verdict(o["reduced"], o["iterations"], [r["calls"] for r in o["iterations"]],
+                                     "sent_before_full")
+        if verdict is not None:
+            return _stale_verdict(rank0, it) if it > 0 else verdict
+    for it in range(len(its)):
+        verdict = _value_verdict(outs, it, world_size)
         if verdict is not None and it > 0 and verdict.mistake != "no_divide":
-            return _stale_verdict(rank0)
+            return _stale_verdict(rank0, it)
         if verdict is not None:
             return registration_verdict(rank0["hooks"]) or verdict
-    if any(not r["async"] for r in rank0["reduced"]):
-        return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent its "
-                                "bucket, so backward stops there: start it with async_op=True and wait in "
-                                "finish().")
-    return _structure_verdict([rank0["calls"][k] for k in its[0]["calls"]], rank0["n_params"], rank0["sizes"])
+    return (structure_waits(outs) or kept_verdict(outs) or
+            _structure_verdict([rank0["calls"][k] for k in its[0]["calls"]], rank0["n_params"], rank0["sizes"]))
+
+
+def _waits_seen(outs: List[Dict[str, Any]]) -> str:
+    """How a passing answer's works were waited for, as far as the check saw it."""
+    recs = [x for o in outs for x in o["reduced"]]
+    if recs and all(x.get("waited_in") == "finish" for x in recs):
+        return ", waited for in finish()"
+    if any(x.get("future_in") for x in recs):
+        return ", followed through their futures"
+    return ""
 
 
 @exercise("bucketed_sync", NUDGES)
 def check_bucketed_sync(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Notebook 3b: bucketed_sync(model, cap_bytes) must average the gradients in buckets sent during backward."""
-    sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size,
+    seen: Dict[str, str] = {}
+
+    def judged(outs: List[Dict[str, Any]], size: int) -> Optional[Verdict]:
+        verdict = _diagnose(outs, size)
+        seen["waits"] = _waits_seen(outs)
+        return verdict
+
+    sizes = check_on_2_and_3_ranks(_in_rank, judged, student_fn, world_size,
                                    hardcoded=(("no_divide", "divided_twice", "wrong_value"),
                                               "divide by dist.get_world_size(), not a fixed number."))
     return (f"{ITERATIONS} backward passes left the mean gradient in every p.grad, carried in buckets filled from "
-            "the last layer back and sent while backward was running, on "
-            f"{' and on '.join(map(str, sizes))} ranks.")
+            "the last layer back, each all-reduced with async_op=True while backward was running"
+            f"{seen.get('waits', '')}, on {' and on '.join(map(str, sizes))} ranks.")
