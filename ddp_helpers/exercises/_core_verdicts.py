@@ -72,12 +72,14 @@ def _factor(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[fl
 
 
 def _hook_strays(outs: List[Dict[str, Any]], it: int) -> Optional[Verdict]:
-    """A hook that all-reduces other parameters' gradients than the one autograd called it with."""
+    """A hook that all-reduces other parameters' gradients than the one autograd called it with, some of them
+    more than once in one backward."""
     for r, o in enumerate(outs):
         recs = _iteration_records(o, it, "reduced")
         stray = [x for x in recs if isinstance(x.get("in_hook"), int) and x["tensor"] == "grad"
                  and x["index"] != x["in_hook"]]
-        if stray:
+        indices = [x["index"] for x in recs if x["tensor"] == "grad"]
+        if stray and len(indices) > len(set(indices)):  # a gradient reduced twice: not a bucket, a mistake
             hook = stray[0]["in_hook"]
             others = sorted({x["index"] for x in stray if x["in_hook"] == hook})
             return fail("ignores_argument", f"on rank {r} the hook autograd called for parameter {hook} all-reduced "
@@ -122,9 +124,6 @@ def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Opti
     others = sorted({c["op"] for o in outs for c in _iteration_records(o, it, "collectives")} - {"all_reduce"})
     if others and not reduced:
         return other_collective_verdict(others[0], [o["iterations"][it]["after"] for o in outs], outs_local(outs, it))
-    verdict = _hook_strays(outs, it)
-    if verdict is not None:
-        return verdict
     if kinds == {"sum"}:
         divided = [d for o in outs for d in _iteration_records(o, it, "divisions")]
         if divided:
@@ -284,6 +283,9 @@ def _flow_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
     if any(x["tensor"] in ("param", "param_copy") and x.get("phase") in LEARNING for o in outs for x in o["reduced"]):
         return fail("reduced_params", "you all-reduced the parameters (p or p.data), not their gradients: "
                                       "all_reduce p.grad.")
+    verdict = next((v for it in range(len(outs[0]["iterations"])) if (v := _hook_strays(outs, it))), None)
+    if verdict is not None:
+        return verdict
     for o in outs:
         its = o["iterations"]
         verdict, it = timing_verdict(o["reduced"], its, [x["reduced"] for x in its], "changed_in_flight")

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from ._watch import Phase, _WatchedWork, storage_of
+from ._watch import Phase, _WatchedWork, patched, storage_of
 
 
 # Where a learner may register code that autograd, a forward or an optimizer step calls: (owner, method, kind).
@@ -24,8 +24,8 @@ _GLOBAL_HOOKS = (("torch.nn.modules.module", "register_module_forward_pre_hook",
 
 
 @contextlib.contextmanager
-def watch_hooks(params: List[torch.Tensor],
-                running: Optional[Dict[str, Any]] = None) -> Iterator[List[Dict[str, Any]]]:
+def watch_hooks(params: List[torch.Tensor], running: Optional[Dict[str, Any]] = None,
+                student_fn: Any = None) -> Iterator[List[Dict[str, Any]]]:
     """While inside: every hook registered on a tensor (register_post_accumulate_grad_hook or register_hook):
     on which parameter ("on": its index, "data" for a tensor sharing a parameter's storage, else "other"),
     its kind ("post" or "tensor"), and the parameter its closure holds once the block ends ("closes_over");
@@ -33,7 +33,9 @@ def watch_hooks(params: List[torch.Tensor],
 
     running: if given, a tensor hook sets running["hook"] to its parameter's index while it runs, and a
     post-accumulate hook that returns a value leaves running["returned"] = (its type, (file, line) of its def);
-    running["handles"] collects the global hooks' handles, for the caller to remove."""
+    running["handles"] collects the global hooks' handles, for the caller to remove. student_fn: the learner's
+    function or class, whose globals bound to a global registration (`from torch.optim.optimizer import ...`) are
+    watched too."""
     records: List[Dict[str, Any]] = []
     real = {"post": torch.Tensor.register_post_accumulate_grad_hook, "tensor": torch.Tensor.register_hook}
     running = {} if running is None else running
@@ -77,7 +79,8 @@ def watch_hooks(params: List[torch.Tensor],
         for module, name, kind in _GLOBAL_HOOKS:
             owner = importlib.import_module(module)
             if hasattr(owner, name):
-                stack.enter_context(_swapped(owner, name, global_hook(getattr(owner, name), kind)))
+                stack.enter_context(patched(student_fn, owner, name,
+                                            lambda register_real, kind=kind: global_hook(register_real, kind)))
         try:
             yield records
         finally:
@@ -87,16 +90,6 @@ def watch_hooks(params: List[torch.Tensor],
                 setattr(torch.nn.Module, name, real[name])
             for r in records:  # read once the learner's loop has ended: a late-bound closure holds its last value
                 r["closes_over"] = _closed_param(r.pop("hook"), params)
-
-
-@contextlib.contextmanager
-def _swapped(owner: Any, name: str, replacement: Any) -> Iterator[None]:
-    real = getattr(owner, name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, real)
 
 
 def _traced(hook: Callable, on: Any, kind: str, running: Dict[str, Any]) -> Callable:

@@ -176,7 +176,7 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]
         reduced = stack.enter_context(watch_all_reduce(student_fn, rec.classify, deferred=True, phase=phase))
         collectives = stack.enter_context(watch_collectives(
             student_fn, on_call=lambda record: record.update(phase=phase())))
-        with watch_hooks(params_of(model), rec.running) as hooks:
+        with watch_hooks(params_of(model), rec.running, student_fn) as hooks:
             call = call_student(student_fn, model, CAP_BYTES)
         finish = call.pop("value", None)
         if call["status"] == "ok" and not callable(finish):

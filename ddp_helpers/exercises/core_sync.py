@@ -140,7 +140,7 @@ def _build(models: List[torch.nn.Module], student_cls: Any, running: Dict[str, A
     out["hooks"], out["call"] = [], {"status": "ok"}
     for k, model in enumerate(models):
         running["object"] = k
-        with watch_hooks(params_of(model), running) as hooks:
+        with watch_hooks(params_of(model), running, student_cls) as hooks:
             call = call_student(student_cls, model)
         out["hooks"].append(hooks)
         sync = call.pop("value", None)
