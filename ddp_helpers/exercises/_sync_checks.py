@@ -190,7 +190,7 @@ def returned_verdict(calls: List[Dict[str, Any]]) -> Optional[Verdict]:
         if c.get("returned"):
             kind, name = c["returned"]
             return fail("hook_returned", f"backward stopped on rank {r} with {c['type']}: {c['message']} Your hook "
-                                         f"{name}{c['where']} returned a {kind}: autograd calls a post-accumulate-"
+                                         f"`{name}`{c['where']} returned a {kind}: autograd calls a post-accumulate-"
                                          "grad hook for what it does, and takes no value back. Keep what it makes "
                                          "(e.g. in a list) and let the hook end without a return value.")
     return None

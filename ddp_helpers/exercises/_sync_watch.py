@@ -181,7 +181,9 @@ def held_handles(obj: Any) -> int:
             return sum(count(v, depth + 1) for v in value.values())
         return 0
 
-    values = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+    owner = getattr(obj, "__self__", None)  # a bound method such as a class's finish: its object's attributes
+    values = [*vars(obj).values()] if hasattr(obj, "__dict__") else []
+    values += [*vars(owner).values()] if hasattr(owner, "__dict__") else []
     for cell in getattr(obj, "__closure__", None) or ():  # a function such as 3b's finish: what it closes over
         try:
             values.append(cell.cell_contents)
