@@ -20,7 +20,10 @@ sys.path.insert(0, str(ROOT))  # teacher/ sits next to the package, outside it
 from ddp_helpers import launch  # noqa: E402
 from ddp_helpers.exercises import PRACTICE_EXERCISES  # noqa: E402
 from ddp_helpers.exercises._harness import Verdict, _locate_errors, _source_file  # noqa: E402
+from teacher.solutions import PRACTICE_SOLUTIONS  # noqa: E402
 from teacher.wrong_answers import SYNC_RIGHT, SYNC_WRONG  # noqa: E402
+
+from _hints import norm, solution_statements  # noqa: E402
 
 EXERCISES = ("after_backward", "as_gradients_arrive", "bucketed_sync")
 HARDCODED = {"after_backward": ("no_divide", "divided_twice", "wrong_value", "some_params", "wrong_divisor"),
@@ -97,6 +100,9 @@ def test_every_wrong_answer_gets_its_own_mistake_and_every_correct_one_passes(na
     failed = [(a.fn.__name__, got[a.fn.__name__].hint) for a in SYNC_RIGHT
               if a.exercise == name and got[a.fn.__name__] is not None]
     assert not misjudged and not failed, f"misjudged: {misjudged}\ncorrect answers failed: {failed}"
+    code = solution_statements(PRACTICE_SOLUTIONS[name])
+    given = [(fn, s) for fn, _, _, v in wrong for s in code if s in norm(v.hint)]
+    assert not given, f"hints that hand over the solution's code: {given}"
 
 
 @pytest.mark.parametrize("name", EXERCISES)
