@@ -12,8 +12,13 @@ import numpy as np
 from ._compare import close
 from ._harness import Verdict, fail
 from ._sync_checks import forward_verdict, other_collective_verdict, registration_verdict
+from ._sync_watch import changed_shared
 from ._watch import unwaited
 
+# With a cap of 140 numbers (560 bytes), bucketed_sync's model makes 3 or more buckets of several tensors from the
+# reverse of model.parameters(), whatever the closing rule, and a partial last one.
+CAP_BYTES = 560
+OBJECTS = (0, 1, 0)  # the function's call (on its own model) each backward runs: the second's between the first's
 OPS = {"MAX": "the largest of the ranks' values", "MIN": "the smallest of the ranks' values",
        "PRODUCT": "the product of the ranks' values"}
 
@@ -150,3 +155,85 @@ def kept_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
                                   "what it collects, so it grows by a backward's works every step, and keeps them all "
                                   "alive. Empty it in finish(), once every work is done.")
     return None
+
+
+def _filled_from(groups: List[List[int]], sizes: List[int], cap: int, order: List[int]) -> bool:
+    """True when every bucket but the one holding order's last index was closed by the cap, walking `order`:
+    it holds cap bytes, or the next parameter in order would have taken it past the cap."""
+    position = {i: k for k, i in enumerate(order)}
+    for group in groups:
+        last = max(group, key=position.get)
+        if position[last] == len(order) - 1:
+            continue
+        held = sum(sizes[i] for i in group)
+        if held < cap and held + sizes[order[position[last] + 1]] <= cap:
+            return False
+    return True
+
+
+def _grouping_verdict(layouts: List[List[int]], sizes: List[int]) -> Optional[Verdict]:
+    """The verdict from which parameters share a bucket (not their layout inside it): DDP fills the buckets from
+    the last parameter back; buckets filled from the first one fail."""
+    n = len(sizes)
+    if sorted(i for lay in layouts for i in lay) != list(range(n)):
+        return None  # not every gradient was read from the buffers: the values tell the mistake instead
+    backward, forward = list(range(n))[::-1], list(range(n))
+    if _filled_from(layouts, sizes, CAP_BYTES, backward):
+        return None
+    if _filled_from(layouts, sizes, CAP_BYTES, forward):
+        first = next(sorted(g) for g in layouts if 0 in g)
+        return fail("forward_order", f"buckets filled from the first layer (parameters {first} of "
+                                     "model.parameters() made the first full bucket): DDP fills them from the "
+                                     "last layer back, in the order gradients become ready, so the first bucket is "
+                                     "full early and its all_reduce overlaps the rest of backward. Walk the "
+                                     "reverse of model.parameters().")
+    return None
+
+
+def _structure_verdict(calls: List[Dict[str, Any]], n_params: int, sizes: List[int]) -> Optional[Verdict]:
+    """The verdict from how the right gradients travelled: buckets, their grouping, during backward or after."""
+    layouts = [c["layout"] for c in calls if c["layout"] is not None]
+    if len(calls) == 1:
+        return fail("one_bucket", f"one all_reduce carried all {n_params} gradients, so nothing could travel while "
+                                  "backward was still running: close a bucket once it holds cap_bytes bytes "
+                                  "(numel() * element_size() per gradient), not cap_bytes numbers.")
+    if len(calls) == n_params and all(len(lay) == 1 for lay in layouts):
+        return fail("per_parameter", f"{n_params} all_reduces per backward, one per gradient: that is step 2, not "
+                                     "buckets. Group the gradients into flat buckets of about cap_bytes.")
+    verdict = _grouping_verdict(layouts, sizes) if len(layouts) == len(calls) else None
+    if verdict is not None:
+        return verdict
+    if all(c["phase"] == "finish" for c in calls):
+        return fail("after_backward", "every all_reduce started in finish(), after backward had returned, so none "
+                                      "of them overlapped the backward pass: start each bucket's all_reduce in the "
+                                      "hook, when its last gradient arrives.")
+    return None
+
+
+def _stale_verdict(rank0: Dict[str, Any], it: int) -> Verdict:
+    """Backward it went wrong, the first did not: the second call's first backward (state shared between calls),
+    or a buffer that kept values, or counters that did."""
+    if OBJECTS[it] not in OBJECTS[:it]:
+        shared = changed_shared(rank0)
+        kept = (f" {shared} during the run: your calls share it, so the second call's hooks and finish() work on "
+                "the first's too." if shared else "")
+        return fail("second_call", "the first call's buckets left the mean in every p.grad, but a second call of "
+                                   "bucketed_sync, on another copy of the model (as when the training cell runs "
+                                   f"again), did not.{kept} Keep everything a call collects inside that call.")
+    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][i]["calls"]] for i in (0, it)]
+    shared = changed_shared(rank0)
+    if shared:
+        return fail("shared_state", f"after the first backward every p.grad held the mean, after backward {it + 1} "
+                                    f"it did not, and {shared} during the run: state kept outside the call (a "
+                                    "global, a default argument) is shared by every call, and outlives each "
+                                    "backward. Make what a call collects inside it, and reset it in finish().")
+    if moments[0] == moments[1]:
+        return fail("stale_buffer", f"after the first backward every p.grad held the mean, after backward {it + 1} "
+                                    "it did not, though the buckets were sent at the same moments: the flat buffers "
+                                    "still held an earlier backward's values, and the next added to them (+=). "
+                                    "Copy each gradient into its slot (copy_), or zero the buffers, every "
+                                    "backward.")
+    return fail("stale_state", f"after the first backward every p.grad held the mean, after backward {it + 1} it "
+                               "did not: your hooks still counted an earlier backward's gradients, so the buckets were "
+                               "sent at the wrong moments or not at all. Reset what they count (and the works) in "
+                               "finish(), so that each backward starts with empty buckets.")

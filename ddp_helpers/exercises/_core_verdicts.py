@@ -15,6 +15,7 @@ from ._compare import close
 from ._harness import Verdict, fail, student_outcomes
 from ._sync_checks import (forward_verdict, other_collective_verdict, registration_verdict, returned_verdict,
                            timing_verdict)
+from ._sync_watch import changed_shared
 from ._watch import unwaited
 
 ITERATIONS = 3
@@ -157,22 +158,12 @@ def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Opti
                                "ranks: sum them with all_reduce and divide by the world size, in p.grad.")
 
 
-def _changed_shared(o: Dict[str, Any]) -> Optional[str]:
-    """The first class attribute (a list, dict, set) whose size changed while the learner's objects ran."""
-    for result in o["iterations"]:
-        for sizes in result.get("shared", ()):
-            for name, size in sizes.items():
-                if size != o["shared_before"].get(name):
-                    return f"`{name}` went from {o['shared_before'].get(name)} to {size} items"
-    return None
-
-
 def _later_verdict(outs: List[Dict[str, Any]], it: int) -> Verdict:
     """A backward after the first went wrong, the first did not: state carried between objects or backwards."""
-    shared = next((s for s in map(_changed_shared, outs) if s), None)
+    shared = next((s for s in map(changed_shared, outs) if s), None)
     if OBJECTS[it] not in OBJECTS[:it]:
-        kept = (f" The class attribute {shared} during the run: one object every instance shares, so the second "
-                "object's hooks and finish() work on the first's too." if shared else "")
+        kept = (f" {shared[0].upper()}{shared[1:]} during the run: one object every instance shares, so the "
+                "second object's hooks and finish() work on the first's too." if shared else "")
         return fail("second_object", "the first object's backward left the mean in every p.grad, but a second "
                                      "object of your class, built on another copy of the model (as when the "
                                      f"training cell runs again), did not.{kept} Keep everything an object "
@@ -195,9 +186,9 @@ def _state_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
                                   f"first backward and {held[-1]} after its second: finish() never empties what it "
                                   "collects, so it grows by a backward's works every step, and keeps them all "
                                   "alive. Empty it in finish(), once every work is done.")
-    shared = next((s for s in map(_changed_shared, outs) if s), None)
+    shared = next((s for s in map(changed_shared, outs) if s), None)
     if shared:
-        return fail("shared_state", f"the class attribute {shared} during the run: a class attribute is one object "
+        return fail("shared_state", f"{shared} during the run: a class attribute is one object "
                                     "that every instance of your class shares, so a second object (the training "
                                     "cell run again, two models) adds to the first's. Make it in __init__, one per "
                                     "object (self.name = ...).")

@@ -192,14 +192,50 @@ def held_handles(obj: Any) -> int:
     return sum(count(v) for v in values)
 
 
-def shared_containers(cls: type) -> Dict[str, int]:
-    """The lists, dicts, sets and deques a class (or a base class of the learner's) holds as class attributes,
-    with their sizes now: state every instance shares, when an instance fills it."""
+def shared_containers(owner: Any) -> Dict[str, int]:
+    """The lists, dicts, sets and deques every object or call of the learner's shares, with their sizes now: a
+    class's class attributes (and its bases'), or a function's mutable default arguments and the module globals
+    its code names. State every instance (or call) shares, when one fills it."""
     sizes: Dict[str, int] = {}
-    for klass in getattr(cls, "__mro__", ())[:-1]:
-        if klass.__module__.startswith(("torch", "builtins")):
-            continue
-        for name, value in vars(klass).items():
-            if isinstance(value, (list, dict, set)) or type(value).__name__ == "deque":
-                sizes.setdefault(f"{klass.__name__}.{name}", len(value))
+
+    def note(name: str, value: Any) -> None:
+        if isinstance(value, (list, dict, set)) or type(value).__name__ == "deque":
+            sizes.setdefault(name, len(value))
+
+    if isinstance(owner, type):
+        for klass in owner.__mro__[:-1]:
+            if not klass.__module__.startswith(("torch", "builtins")):
+                for name, value in vars(klass).items():
+                    note(f"the class attribute `{klass.__name__}.{name}`", value)
+        return sizes
+    code = getattr(owner, "__code__", None)
+    for value, name in zip(reversed(getattr(owner, "__defaults__", None) or ()),
+                           reversed(code.co_varnames[:code.co_argcount] if code is not None else ())):
+        note(f"the default argument `{name}`", value)
+    glob = getattr(owner, "__globals__", {})
+    for name in _names(code):
+        if name in glob:
+            note(f"the global `{name}`", glob[name])
     return sizes
+
+
+def _names(code: Any) -> List[str]:
+    """The global names a code object and the functions defined in it use."""
+    if code is None:
+        return []
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names += _names(const)
+    return names
+
+
+def changed_shared(out: Dict[str, Any]) -> Optional[str]:
+    """The first shared container (see shared_containers) whose size changed while the learner's code ran, said
+    as "`name` went from a to b items"; None if none did."""
+    for result in out["iterations"]:
+        for sizes in result.get("shared", ()):
+            for name, size in (sizes.items() if isinstance(sizes, dict) else ()):
+                if size != out["shared_before"].get(name):
+                    return f"{name} went from {out['shared_before'].get(name)} to {size} items"
+    return None

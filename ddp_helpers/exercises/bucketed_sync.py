@@ -22,17 +22,15 @@ from torch import nn
 
 from ._compare import close
 from ._harness import Verdict, call_student, check_on_2_and_3_ranks, exercise, fail, student_outcomes
-from ._bucket_verdicts import (collective_verdict, flush_verdict, kept_verdict, offsets_verdict, op_verdict,
+from ._bucket_verdicts import (CAP_BYTES, OBJECTS, _stale_verdict, _structure_verdict, collective_verdict, flush_verdict, kept_verdict, offsets_verdict, op_verdict,
                                structure_waits, waits_verdict, where_verdict)
 from ._sync_checks import (backward_error, changed_params, forward_verdict, hook_mistake, params_of,
                            registration_verdict, returned_verdict, snapshot, timing_verdict)
-from ._sync_watch import held_handles, watch_hooks
+from ._sync_watch import changed_shared, held_handles, shared_containers, watch_hooks
 from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_collectives
 
-# Linear layers (in, out): 10 tensors from 3 to 144 numbers. With a cap of 140 numbers (560 bytes), the reverse of
-# model.parameters() makes 3 or more buckets of several tensors whatever the closing rule, and a partial last one.
+# Linear layers (in, out): 10 tensors from 3 to 144 numbers; with CAP_BYTES, several buckets and a partial last one.
 LAYERS = ((6, 10), (10, 12), (12, 12), (12, 8), (8, 3))
-CAP_BYTES = 560
 BATCH = 16
 ITERATIONS = 3
 
@@ -70,6 +68,8 @@ NUDGES = {
     "hook_returned": "backward stopped in your hook: look at what it returns.",
     "waited_in_hook": "your gradients are right, but each all_reduce still held up the backward pass.",
     "kept_works": "your gradients are right, but look at what your code still holds after finish().",
+    "second_call": "the first call's gradients were right, a second call's were not: what do your calls share?",
+    "shared_state": "look at where your code keeps what it collects.",
 }
 
 
@@ -107,15 +107,22 @@ def _layout(t: torch.Tensor, arrived: Dict[int, torch.Tensor], world_size: int) 
 
 
 class _Recorder:
-    """Inside a rank: each gradient as it arrives (hooks registered before the learner's) and each all_reduce."""
+    """Inside a rank: each gradient as it arrives (hooks registered before the learner's), per model, and each
+    all_reduce, on the model whose backward or finish() runs (running["object"])."""
 
-    def __init__(self, model: nn.Module, world_size: int):
-        self.world_size, self.running = world_size, {"phase": "setup", "hook": None}
-        self.arrived: Dict[int, torch.Tensor] = {}
+    def __init__(self, models: List[nn.Module], world_size: int):
+        self.world_size, self.running = world_size, {"phase": "setup", "hook": None, "object": 0}
+        self.arrivals: List[Dict[int, torch.Tensor]] = [{} for _ in models]
         self.calls: List[Dict[str, Any]] = []
-        for i, p in enumerate(model.parameters()):
-            p.register_post_accumulate_grad_hook(
-                lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+        for arrived, model in zip(self.arrivals, models):
+            for i, p in enumerate(model.parameters()):
+                p.register_post_accumulate_grad_hook(
+                    lambda p, i=i, arrived=arrived: arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+
+    @property
+    def arrived(self) -> Dict[int, torch.Tensor]:
+        """The gradients of the model now running, as they arrived in this backward."""
+        return self.arrivals[self.running["object"]]
 
     @property
     def phase(self) -> str:
@@ -129,7 +136,7 @@ class _Recorder:
     def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
         """What an all_reduce's tensor is: where it was started, and the parameters it held (see _layout)."""
         self.calls.append({"phase": self.phase, "numel": t.numel(), "n_arrived": len(self.arrived),
-                           "layout": _layout(t, self.arrived, self.world_size)})
+                           "layout": _layout(t, self.arrived, self.world_size), "object": self.running["object"]})
         return "tensor", len(self.calls) - 1
 
 
@@ -156,44 +163,61 @@ def _iteration(model: nn.Module, local_model: nn.Module, rec: _Recorder, finish:
         loss.backward()  # the learner's hooks run in here
     except Exception as e:  # noqa: BLE001 - an error in the learner's hook becomes a hint
         return {"call": backward_error(e, student_fn, rec.running)}
+    shared_mid = shared_containers(student_fn)
     rec.phase = "finish"
     call = call_student(finish)
     call.pop("value", None)
     rec.phase = "after"
     return {"call": call, "local": _grads(local_model), "after": _grads(model),
             "calls": list(range(first_call, len(rec.calls))), "changed": changed_params(before, params),
-            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)], "held": held_handles(finish)}
+            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)], "held": held_handles(finish),
+            "shared": [shared_mid, shared_containers(student_fn)]}
+
+
+def _call(student_fn: Callable, model: nn.Module, rec: _Recorder, out: Dict[str, Any]) -> Optional[Callable]:
+    """The learner's function on one model: its finish(), or None with out["call"] saying why."""
+    with watch_hooks(params_of(model), rec.running, student_fn) as hooks:
+        call = call_student(student_fn, model, CAP_BYTES)
+    out.setdefault("hooks", hooks)  # the first call's: the one every registration verdict reads
+    finish = call.pop("value", None)
+    if call["status"] == "ok" and not callable(finish):
+        call = {"status": "no_finish", "type": type(finish).__name__}
+    # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
+    out["call"] = hook_mistake(hooks) or call
+    return finish if out["call"]["status"] == "ok" else None
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
-    """In each rank: the learner's function on the check's model, then ITERATIONS training iterations."""
-    model = net()
-    local_model = copy.deepcopy(model)
-    rec = _Recorder(model, world_size)
-    out: Dict[str, Any] = {"iterations": []}
+    """In each rank: the learner's function on two copies of the check's model (as when a notebook's cell runs
+    again), then ITERATIONS training iterations: the first model's, the second's, the first's again."""
+    models = [net()]
+    models.append(copy.deepcopy(models[0]))
+    local_model = copy.deepcopy(models[0])
+    rec = _Recorder(models, world_size)
+    out: Dict[str, Any] = {"iterations": [], "shared_before": shared_containers(student_fn)}
     phase = functools.partial(rec.running.__getitem__, "phase")
     with contextlib.ExitStack() as stack:
         reduced = stack.enter_context(watch_all_reduce(student_fn, rec.classify, deferred=True, phase=phase))
         collectives = stack.enter_context(watch_collectives(
             student_fn, on_call=lambda record: record.update(phase=phase())))
-        with watch_hooks(params_of(model), rec.running, student_fn) as hooks:
-            call = call_student(student_fn, model, CAP_BYTES)
-        finish = call.pop("value", None)
-        if call["status"] == "ok" and not callable(finish):
-            call = {"status": "no_finish", "type": type(finish).__name__}
-        # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
-        out["call"] = hook_mistake(hooks) or call
-        if out["call"]["status"] == "ok":
-            for it in range(ITERATIONS):
-                result = _iteration(model, local_model, rec, finish, rank, it, student_fn)
-                out["iterations"].append(result)
-                if result["call"]["status"] != "ok":
-                    out["call"] = result["call"]
-                    break
+        finishes = []
+        for k, model in enumerate(models):
+            rec.running["object"] = k
+            finishes.append(_call(student_fn, model, rec, out))
+            if finishes[-1] is None:
+                break
+        for it, k in enumerate(OBJECTS if out["call"]["status"] == "ok" else ()):
+            rec.running["object"] = k
+            result = _iteration(models[k], local_model, rec, finishes[k], rank, it, student_fn)
+            result["object"] = k
+            out["iterations"].append(result)
+            if result["call"]["status"] != "ok":
+                out["call"] = result["call"]
+                break
     for handle in rec.running["handles"]:  # the learner's global hooks end with the check
         handle.remove()
-    out.update(calls=rec.calls, reduced=reduced, collectives=collectives, n_params=len(params_of(model)),
-               hooks=hooks, sizes=[p.numel() * p.element_size() for p in params_of(model)])
+    out.update(calls=rec.calls, reduced=reduced, collectives=collectives, n_params=len(params_of(models[0])),
+               sizes=[p.numel() * p.element_size() for p in params_of(models[0])])
     return out
 
 
@@ -255,74 +279,6 @@ def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Opti
                                "them back into p.grad.")
 
 
-def _filled_from(groups: List[List[int]], sizes: List[int], cap: int, order: List[int]) -> bool:
-    """True when every bucket but the one holding order's last index was closed by the cap, walking `order`:
-    it holds cap bytes, or the next parameter in order would have taken it past the cap."""
-    position = {i: k for k, i in enumerate(order)}
-    for group in groups:
-        last = max(group, key=position.get)
-        if position[last] == len(order) - 1:
-            continue
-        held = sum(sizes[i] for i in group)
-        if held < cap and held + sizes[order[position[last] + 1]] <= cap:
-            return False
-    return True
-
-
-def _grouping_verdict(layouts: List[List[int]], sizes: List[int]) -> Optional[Verdict]:
-    """The verdict from which parameters share a bucket (not their layout inside it): DDP fills the buckets from
-    the last parameter back; buckets filled from the first one fail."""
-    n = len(sizes)
-    if sorted(i for lay in layouts for i in lay) != list(range(n)):
-        return None  # not every gradient was read from the buffers: the values tell the mistake instead
-    backward, forward = list(range(n))[::-1], list(range(n))
-    if _filled_from(layouts, sizes, CAP_BYTES, backward):
-        return None
-    if _filled_from(layouts, sizes, CAP_BYTES, forward):
-        first = next(sorted(g) for g in layouts if 0 in g)
-        return fail("forward_order", f"buckets filled from the first layer (parameters {first} of "
-                                     "model.parameters() made the first full bucket): DDP fills them from the "
-                                     "last layer back, in the order gradients become ready, so the first bucket is "
-                                     "full early and its all_reduce overlaps the rest of backward. Walk the "
-                                     "reverse of model.parameters().")
-    return None
-
-
-def _structure_verdict(calls: List[Dict[str, Any]], n_params: int, sizes: List[int]) -> Optional[Verdict]:
-    """The verdict from how the right gradients travelled: buckets, their grouping, during backward or after."""
-    layouts = [c["layout"] for c in calls if c["layout"] is not None]
-    if len(calls) == 1:
-        return fail("one_bucket", f"one all_reduce carried all {n_params} gradients, so nothing could travel while "
-                                  "backward was still running: close a bucket once it holds cap_bytes bytes "
-                                  "(numel() * element_size() per gradient), not cap_bytes numbers.")
-    if len(calls) == n_params and all(len(lay) == 1 for lay in layouts):
-        return fail("per_parameter", f"{n_params} all_reduces per backward, one per gradient: that is step 2, not "
-                                     "buckets. Group the gradients into flat buckets of about cap_bytes.")
-    verdict = _grouping_verdict(layouts, sizes) if len(layouts) == len(calls) else None
-    if verdict is not None:
-        return verdict
-    if all(c["phase"] == "finish" for c in calls):
-        return fail("after_backward", "every all_reduce started in finish(), after backward had returned, so none "
-                                      "of them overlapped the backward pass: start each bucket's all_reduce in the "
-                                      "hook, when its last gradient arrives.")
-    return None
-
-
-def _stale_verdict(rank0: Dict[str, Any], it: int) -> Verdict:
-    """Backward it went wrong, the first did not: a buffer that kept values, or counters that did."""
-    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][i]["calls"]] for i in (0, it)]
-    if moments[0] == moments[1]:
-        return fail("stale_buffer", f"after the first backward every p.grad held the mean, after backward {it + 1} "
-                                    "it did not, though the buckets were sent at the same moments: the flat buffers "
-                                    "still held an earlier backward's values, and the next added to them (+=). "
-                                    "Copy each gradient into its slot (copy_), or zero the buffers, every "
-                                    "backward.")
-    return fail("stale_state", f"after the first backward every p.grad held the mean, after backward {it + 1} it "
-                               "did not: your hooks still counted an earlier backward's gradients, so the buckets were "
-                               "sent at the wrong moments or not at all. Reset what they count (and the works) in "
-                               "finish(), so that each backward starts with empty buckets.")
-
-
 def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
     """The verdict from the learner's call itself: no finish, hooks registered the wrong way, errors."""
     if any(o["call"]["status"] == "no_finish" for o in outs):
@@ -365,6 +321,12 @@ def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
             return _stale_verdict(rank0, it)
         if verdict is not None:
             return registration_verdict(rank0["hooks"]) or verdict
+    shared = changed_shared(rank0)
+    if shared:
+        return fail("shared_state", f"every p.grad held the mean, but {shared} during the run: state kept "
+                                    "outside the call (a global, a default argument) is one object every call "
+                                    "shares, so a second call (the training cell run again, another model) adds "
+                                    "to the first's. Make what a call collects inside it.")
     return (structure_waits(outs) or kept_verdict(outs) or
             _structure_verdict([rank0["calls"][k] for k in its[0]["calls"]], rank0["n_params"], rank0["sizes"]))
 

@@ -426,6 +426,40 @@ def bucket_returns_object(model, cap_bytes):
     return "finish"
 
 
+PENDING = []  # a module global: every call of the function below shares it
+
+
+@bad("shared_state", "the global `PENDING` went from 0 to")
+def bucket_global_works(model, cap_bytes):
+    b = Buckets(model, cap_bytes)
+
+    def send(i):
+        PENDING.append((i, dist.all_reduce(b.flats[i], async_op=True)))
+
+    def finish():
+        for i, work in PENDING:
+            work.wait()
+            b.back(i)
+        PENDING.clear()
+        b.left = [len(x) for x in b.buckets]
+
+    b.send = send
+    return finish
+
+
+@bad("shared_state", "the default argument `works`")
+def bucket_default_argument(model, cap_bytes, works=[]):  # noqa: B006 - the mistake this answer makes
+    b = Buckets(model, cap_bytes)
+    b.works = works  # one list, made once, when the function was defined
+
+    def finish():
+        Buckets.finish(b)
+        b.works = works
+        works.clear()
+
+    return finish
+
+
 # --------------------------------------------------------------------------------------------------- correct
 @good
 def bucket_class(model, cap_bytes):
@@ -502,3 +536,4 @@ class _CloseBeforeCap(Buckets):
 @good
 def bucket_closed_before_cap(model, cap_bytes):
     return _CloseBeforeCap(model, cap_bytes).finish
+
