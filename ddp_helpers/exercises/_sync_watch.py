@@ -147,10 +147,10 @@ def watch_divisions(params: Callable[[], List[torch.Tensor]], phase: Phase) -> I
 
     def wrap(name: str) -> Callable:
         def divided(self: torch.Tensor, other: Any, *args: Any, **kwargs: Any) -> Any:
-            if phase() in ("backward", "finish"):
+            if phase() in ("backward", "finish") and self.layout == torch.strided:  # sparse: no storage to match
                 s = storage_of(self)
-                index = next((i for i, p in enumerate(params()) if p.grad is not None and storage_of(p.grad) == s),
-                             None)
+                index = next((i for i, p in enumerate(params()) if p.grad is not None and
+                              p.grad.layout == torch.strided and storage_of(p.grad) == s), None)
                 if index is not None:
                     records.append({"index": index, "phase": phase(),
                                     "by": float(other) if isinstance(other, (int, float)) else None})
