@@ -132,7 +132,7 @@ def flush_verdict(labels: List[List[str]], outs: List[Dict[str, Any]], it: int, 
 def structure_waits(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
     """Right values; but an all_reduce that blocks, or a wait() during backward, on any rank."""
     for r, o in enumerate(outs):
-        if any(not x["async"] for x in o["reduced"]):
+        if any(not x["async"] and x.get("phase") == "backward" for x in o["reduced"]):
             return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent "
                                     "its bucket, so backward stops there: start it with async_op=True and wait in "
                                     "finish().")

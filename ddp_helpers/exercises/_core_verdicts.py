@@ -201,7 +201,7 @@ def _structure_verdict(outs: List[Dict[str, Any]], step: int) -> Optional[Verdic
         return None
     for r, o in enumerate(outs):
         recs = [x for x in o["reduced"] if x.get("phase") in ("backward", "finish")]
-        if any(not x["async"] for x in recs):
+        if any(not x["async"] and x["phase"] == "backward" for x in recs):  # in finish(): after_backward says it
             return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent "
                                     "that gradient, so backward stops there: start it with async_op=True and wait "
                                     "for it in finish().")

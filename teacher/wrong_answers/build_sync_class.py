@@ -385,6 +385,23 @@ class _InFinish(Buckets):
         super().finish()
 
 
+class _BlockingInFinish(Buckets):
+    def send(self, i):
+        self.works.append(i)
+
+    def finish(self):
+        for i in self.works:  # blocking, after backward
+            dist.all_reduce(self.flats[i])
+            self.back(i)
+        self.works = []
+        self.left = [len(b) for b in self.buckets]
+
+
+@bad("after_backward", "started in finish()")
+def bucket_blocking_in_finish(model, cap_bytes):
+    return _BlockingInFinish(model, cap_bytes).finish
+
+
 @bad("after_backward", "started in finish()")
 def bucket_sent_in_finish(model, cap_bytes):
     return _InFinish(model, cap_bytes).finish

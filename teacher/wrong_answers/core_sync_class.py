@@ -460,6 +460,18 @@ class S2Collects(_Hooks):
         self.works.clear()
 
 
+@s2("after_backward", "that is step 1")
+class S2StepOneInFinish(_Hooks):
+    def ready(self, p):
+        self.works.append(p)
+
+    def finish(self):
+        for p in self.works:  # blocking, after backward: step 1, not a hook that blocks
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        self.works.clear()
+
+
 @s2("tensor_hook", "p.register_hook")
 class S2GradHookDividesGrad(_Hooks):
     def __init__(self, model):
