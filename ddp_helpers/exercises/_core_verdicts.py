@@ -168,12 +168,18 @@ def _later_verdict(outs: List[Dict[str, Any]], it: int) -> Verdict:
                                      "object of your class, built on another copy of the model (as when the "
                                      f"training cell runs again), did not.{kept} Keep everything an object "
                                      "collects in the object itself, made in __init__.")
+    if shared:
+        return fail("shared_state", f"after the first backward every p.grad held the mean, after backward {it + 1} "
+                                    f"(the first object's again, after a second object had run) it did not; and "
+                                    f"{shared} during the run: a class attribute is one object that every instance "
+                                    "shares, so the second object's __init__, hooks or finish() changed what the "
+                                    "first one uses. Make it in __init__, one per object (self.name = ...).")
     held = [o["iterations"][k]["held"] for o in outs[:1] for k in range(it) if OBJECTS[k] == OBJECTS[it]]
     kept = f" After its first finish() your object still held {held[0]} works or futures." if held and held[0] else ""
     return fail("stale_state", "after the first backward every p.grad held the mean, after a later one it did not: "
-                               "finish() went over what an earlier backward left (its works, or its gradients) "
-                               f"again.{kept} Empty what your object collects in finish(), so that each backward "
-                               "starts afresh.")
+                               "what your object keeps from one backward to the next (works, gradients, counts) "
+                               f"changed the next one's result.{kept} Empty what your object collects in finish(), "
+                               "so that each backward starts afresh.")
 
 
 def _state_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
@@ -247,6 +253,14 @@ def _early_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
         return fail("no_finish", f"the object your class builds ({kind}) has no finish() method: the training "
                                  "loop calls sync.finish() after loss.backward(), and when it returns every p.grad "
                                  "must hold the mean.")
+    foreign = [h for h in outs[0]["hooks"][-1] if h["on"] == "foreign"] if len(outs[0]["hooks"]) > 1 else []
+    if foreign:
+        shared = changed_shared(outs[0])
+        held = (f": {shared} during the run, one object every instance shares. Make it in __init__, one per "
+                "object, and" if shared else ":")
+        return fail("shared_state", f"building a second object of your class, on another copy of the model, "
+                                    f"registered {len(foreign)} hooks on the first object's parameters too{held} "
+                                    "hook only the parameters of the model the object is given.")
     verdict = returned_verdict([o["call"] for o in outs])
     if verdict is not None:
         return verdict

@@ -25,7 +25,7 @@ _GLOBAL_HOOKS = (("torch.nn.modules.module", "register_module_forward_pre_hook",
 
 @contextlib.contextmanager
 def watch_hooks(params: List[torch.Tensor], running: Optional[Dict[str, Any]] = None,
-                student_fn: Any = None) -> Iterator[List[Dict[str, Any]]]:
+                student_fn: Any = None, foreign: List[torch.Tensor] = ()) -> Iterator[List[Dict[str, Any]]]:
     """While inside: every hook registered on a tensor (register_post_accumulate_grad_hook or register_hook):
     on which parameter ("on": its index, "data" for a tensor sharing a parameter's storage, else "other"),
     its kind ("post" or "tensor"), and the parameter its closure holds once the block ends ("closes_over");
@@ -35,7 +35,7 @@ def watch_hooks(params: List[torch.Tensor], running: Optional[Dict[str, Any]] = 
     post-accumulate hook that returns a value leaves running["returned"] = (its type, (file, line) of its def);
     running["handles"] collects the global hooks' handles, for the caller to remove. student_fn: the learner's
     function or class, whose globals bound to a global registration (`from torch.optim.optimizer import ...`) are
-    watched too."""
+    watched too. foreign: parameters of another model (another object's): a hook on one has "on": "foreign"."""
     records: List[Dict[str, Any]] = []
     real = {"post": torch.Tensor.register_post_accumulate_grad_hook, "tensor": torch.Tensor.register_hook}
     running = {} if running is None else running
@@ -47,7 +47,7 @@ def watch_hooks(params: List[torch.Tensor], running: Optional[Dict[str, Any]] = 
                 return i
         if isinstance(t, torch.Tensor) and any(storage_of(t) == storage_of(p) for p in params):
             return "data"
-        return "other"
+        return "foreign" if any(t is p for p in foreign) else "other"
 
     def wrap(kind: str) -> Callable:
         def register(self: torch.Tensor, hook: Callable) -> Any:

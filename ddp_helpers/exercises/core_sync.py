@@ -140,7 +140,8 @@ def _build(models: List[torch.nn.Module], student_cls: Any, running: Dict[str, A
     out["hooks"], out["call"] = [], {"status": "ok"}
     for k, model in enumerate(models):
         running["object"] = k
-        with watch_hooks(params_of(model), running, student_cls) as hooks:
+        others = [p for m in models if m is not model for p in params_of(m)]
+        with watch_hooks(params_of(model), running, student_cls, foreign=others) as hooks:
             call = call_student(student_cls, model)
         out["hooks"].append(hooks)
         sync = call.pop("value", None)

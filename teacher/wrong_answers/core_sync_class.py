@@ -319,6 +319,17 @@ class S2ClassParams(_Hooks):
         self.params.extend(model.parameters())
 
 
+@s2("shared_state", "registered 12 hooks on the first object's parameters")
+class S2ClassParamsHooked(_Hooks):
+    params = []  # every instance's parameters, in one list
+
+    def __init__(self, model):
+        self.works = []
+        self.params.extend(model.parameters())
+        for p in self.params:  # the second object hooks the first object's parameters again
+            p.register_post_accumulate_grad_hook(self.ready)
+
+
 @s2("ignores_argument", "not every parameter")
 class S2EveryParam(_Hooks):
     def __init__(self, model):
