@@ -58,15 +58,10 @@ def backward_error(e: BaseException, student_fn: Any, running: Dict[str, Any]) -
     report = error_report(e, student_fn)
     report["phase"] = running["phase"]
     returned = running.get("returned")
-    if returned is not None:  # the check's watched works are the learner's Works: named so, as torch would
-        report["returned"] = (_as_learner_sees(returned[0]), returned[1])
-        report["message"] = _as_learner_sees(report["message"])
+    if returned is not None:
+        report["returned"] = returned[:2]
         report["where"] = report["where"] or returned[2]
     return report
-
-
-def _as_learner_sees(text: str) -> str:
-    return text.replace("_DeferredWork", "Work").replace("_WatchedWork", "Work")
 
 
 def registration_verdict(hooks: List[Dict[str, Any]]) -> Optional[Verdict]:

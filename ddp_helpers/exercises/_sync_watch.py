@@ -103,9 +103,11 @@ def _traced(hook: Callable, on: Any, kind: str, running: Dict[str, Any]) -> Call
             running["hook"] = outer
         if value is not None and kind == "post" and "returned" not in running:
             code = getattr(hook, "__code__", None) or getattr(getattr(hook, "__func__", None), "__code__", None)
-            running["returned"] = (type(value).__name__, getattr(hook, "__name__", type(hook).__name__),
+            running["returned"] = (type(getattr(value, "_work", value)).__name__,
+                                   getattr(hook, "__name__", type(hook).__name__),
                                    (code.co_filename, code.co_firstlineno) if code is not None else None)
-        return value
+        # a watched work stands for torch's Work: autograd gets that one back, and its error names it as it would
+        return value._work if isinstance(value, _WatchedWork) else value
 
     return traced
 

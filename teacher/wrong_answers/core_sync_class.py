@@ -264,7 +264,7 @@ class S2ReturnsWork(_Hooks):
         return work
 
 
-@s2("hook_returned", "hook returned 'Work'")
+@s2("hook_returned", "TypeError: expected Variable, but hook returned 'torch._C._distributed_c10d.Work'")
 class S2LambdaReturns(_Hooks):
     def __init__(self, model):
         self.works = []
