@@ -7,12 +7,15 @@ verdicts here are made in the parent from those records, so each names what the 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 import torch
 
-from ._harness import Verdict, fail
-from ._watch import late_bound
+from ._compare import close
+from ._harness import Verdict, error_report, fail
+from ._sync_watch import late_bound
 
 HOOK_FIX = ("register self.ready (or your hook) with p.register_post_accumulate_grad_hook(...), which calls it with "
             "p once p.grad holds this backward's gradient")
@@ -47,6 +50,18 @@ def hook_mistake(hooks: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
                 "hint": "you registered a hook on p.data (or p.detach()), a tensor that shares p's values but "
                         "has no gradient: autograd never calls it. Register the hook on the parameter p itself."}
     return None
+
+
+def backward_error(e: BaseException, student_fn: Any, running: Dict[str, Any]) -> Dict[str, Any]:
+    """An error out of forward or backward: the learner's, shown as torch wrote it, with the hook that returned a
+    value (autograd raises without a frame of the learner's) and where it ran."""
+    report = error_report(e, student_fn)
+    report["phase"] = running["phase"]
+    returned = running.get("returned")
+    if returned is not None:
+        report["returned"] = returned[:2]
+        report["where"] = report["where"] or returned[2]
+    return report
 
 
 def registration_verdict(hooks: List[Dict[str, Any]]) -> Optional[Verdict]:
@@ -114,3 +129,91 @@ def timing_verdict(reduced: List[Dict[str, Any]], iterations: List[Dict[str, Any
 def first_verdict(*verdicts: Optional[Verdict]) -> Optional[Verdict]:
     """The first verdict that is not None."""
     return next((v for v in verdicts if v is not None), None)
+
+
+# What a collective other than all_reduce does, said where it was used instead of all_reduce.
+WHAT = {"broadcast": "copies one rank's tensor (src) to every rank, and sums nothing",
+        "broadcast_object_list": "copies one rank's objects (src) to every rank, and sums nothing",
+        "reduce": "sums into one rank's tensor only (dst)",
+        "all_gather": "hands every rank a list of every rank's tensor, and sums nothing",
+        "all_gather_into_tensor": "hands every rank every rank's tensor, side by side, and sums nothing",
+        "all_gather_object": "hands every rank a list of every rank's object, and sums nothing",
+        "gather": "collects every rank's tensor on one rank only (dst)",
+        "scatter": "hands each rank one piece of one rank's list",
+        "reduce_scatter": "leaves on each rank the sum of one piece only",
+        "reduce_scatter_tensor": "leaves on each rank the sum of one piece only",
+        "all_to_all": "swaps pieces between the ranks, and sums nothing",
+        "all_to_all_single": "swaps pieces between the ranks, and sums nothing",
+        "barrier": "only waits until every rank has reached it; it sends no gradient",
+        "monitored_barrier": "only waits until every rank has reached it; it sends no gradient"}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def other_collective_verdict(name: str, after: List[List[Any]], local: List[List[Any]]) -> Verdict:
+    """The verdict for a collective used where all_reduce belongs: what it does, and what every rank held.
+
+    after, local: per rank, each parameter's gradient after finish() and this rank's own one."""
+    world_size = len(local)
+    mean = [sum(np.asarray(local[r][i]) for r in range(world_size)) / world_size for i in range(len(local[0]))]
+
+    def holding(want: Callable[[int], Any]) -> List[int]:
+        return [r for r in range(world_size)
+                if all(g is not None and close(g, want(i)) for i, g in enumerate(after[r]))]
+
+    seen = " After it no rank held the mean."
+    for who, want in (("rank 0's own gradient", lambda i: local[0][i]),
+                      ("rank 0's own gradient divided by the world size", lambda i: local[0][i] / world_size)):
+        if len(holding(want)) == world_size:
+            seen = f" After it every rank held {who}, not the mean."
+            break
+    else:
+        right = holding(lambda i: mean[i]) or holding(lambda i: mean[i] * world_size)
+        if right:
+            seen = f" After it only {_ranks(right)} held the sum (or the mean); the others did not."
+    return fail("not_all_reduce", f"no all_reduce was called: you called dist.{name}, which "
+                                  f"{WHAT.get(name, 'is not an all_reduce')}.{seen} all_reduce leaves the sum on "
+                                  "every rank; then divide by the world size.")
+
+
+def returned_verdict(calls: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """The verdict for a post-accumulate-grad hook that returned a value: torch's error, as torch wrote it, and
+    the hook, where it is."""
+    for r, c in enumerate(calls):
+        if c.get("returned"):
+            kind, name = c["returned"]
+            return fail("hook_returned", f"backward stopped on rank {r} with {c['type']}: {c['message']} Your hook "
+                                         f"`{name}`{c['where']} returned a {kind}: autograd calls a post-accumulate-"
+                                         "grad hook for what it does, and takes no value back. Keep what it makes "
+                                         "(e.g. in a list) and let the hook end without a return value.")
+    return None
+
+
+def forward_verdict(collectives: List[Dict[str, Any]], reduced: List[Dict[str, Any]], hooks: List[Dict[str, Any]],
+                    error: Optional[Dict[str, Any]] = None) -> Optional[Verdict]:
+    """Collectives (or hooks) in the forward pass, where p.grad is None: no gradient exists yet (None: none ran
+    there and no forward hook was registered). error: the call's error, raised during forward."""
+    ran = [c for c in collectives if c.get("phase") == "forward"]
+    kinds = sorted({h["kind"] for h in hooks if h["kind"] in ("forward_pre", "forward")})
+    if not ran and not kinds:
+        return None
+    said = " and ".join({"forward_pre": "a forward pre-hook", "forward": "a forward hook"}[k] for k in kinds)
+    said = said or "code that runs in the forward pass"
+    tensors = {r["tensor"] for r in reduced if r.get("phase") == "forward"}
+    if "other" in tensors and "forward" in kinds:
+        return fail("averaged_output", f"your all_reduce ran in {said}, on the model's output, during the forward "
+                                       "pass: averaging what the model computes is not averaging the gradients, "
+                                       "which only backward writes into p.grad. Average p.grad, after backward or "
+                                       "as each gradient arrives.")
+    if error is not None:
+        done = f"there it raised {error['type']}{error['where']}: {error['message']}"
+    elif ran:
+        done = f"ran {len(ran)} collective(s) there ({ran[0]['op']} first)"
+    else:
+        done = "sent nothing there (there was no gradient to send)"
+    return fail("sync_in_forward", f"your code registered {said}, which runs during the forward pass, before "
+                                   f"backward, when p.grad is still None (zero_grad set it so), and {done}. The "
+                                   "gradients exist only after backward: average them then (after backward, or in "
+                                   "a hook that autograd calls once p.grad is written).")

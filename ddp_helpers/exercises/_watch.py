@@ -31,14 +31,22 @@ def _op_name(op: Any) -> str:
     return str(getattr(op, "name", None) or op).split(".")[-1]
 
 
-class _WatchedWork:
-    """What an all_reduce(async_op=True) hands the learner: the real Work, noting whether it was waited for."""
+Phase = Callable[[], str]  # where the check's run is now: "setup", "forward", "backward", "finish", ...
 
-    def __init__(self, work: Any, record: Dict[str, Any]):
-        self._work, self._record = work, record
+
+class _WatchedWork:
+    """What an all_reduce(async_op=True) hands the learner: the real Work, noting whether and where it was waited
+    for ("waited_in": the phase of the first wait(); "future_in": where its future was taken)."""
+
+    def __init__(self, work: Any, record: Dict[str, Any], phase: Optional[Phase] = None):
+        self._work, self._record, self._phase = work, record, phase
+
+    def _now(self) -> Optional[str]:
+        return None if self._phase is None else self._phase()
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         self._record["waited"] = True
+        self._record.setdefault("waited_in", self._now())
         try:
             return self._work.wait(*args, **kwargs)
         except Exception as e:  # a peer that never joined: raised by C++, so no torch.distributed frame says so
@@ -48,6 +56,7 @@ class _WatchedWork:
 
     def get_future(self) -> Any:
         self._record["waited"] = True  # the learner waits on the future (wait(), then(), wait_all)
+        self._record.setdefault("future_in", self._now())
         return self._work.get_future()
 
     def __getattr__(self, name: str) -> Any:
@@ -68,8 +77,9 @@ class _DeferredWork(_WatchedWork):
     run, instead of once in a while on a slow network.
     """
 
-    def __init__(self, work: Any, record: Dict[str, Any], tensor: torch.Tensor, sent: torch.Tensor):
-        super().__init__(work, record)
+    def __init__(self, work: Any, record: Dict[str, Any], tensor: torch.Tensor, sent: torch.Tensor,
+                 phase: Optional[Phase] = None):
+        super().__init__(work, record, phase)
         self._tensor, self._sent, self._landed = tensor, sent, False
         record["in_flight"] = None  # "scaled": the whole tensor changed (divided) while it travelled; "filled"
 
@@ -92,6 +102,7 @@ class _DeferredWork(_WatchedWork):
 
     def get_future(self) -> Any:
         self._record["waited"] = True
+        self._record.setdefault("future_in", self._now())
         tensor = self._tensor
 
         def land(fut: Any) -> List[torch.Tensor]:
@@ -108,26 +119,31 @@ class _DeferredWork(_WatchedWork):
         return done
 
 
-def _start(real: Callable, bound: inspect.BoundArguments, record: Dict[str, Any], deferred: bool) -> Any:
+def _start(real: Callable, bound: inspect.BoundArguments, record: Dict[str, Any], deferred: bool,
+           phase: Optional[Phase] = None) -> Any:
     """The real all_reduce; deferred and asynchronous: on a copy, the learner's tensor SENTINEL until wait()."""
     tensor = bound.arguments.get("tensor")
     if not (deferred and record["async"] and isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
         work = real(*bound.args, **bound.kwargs)
-        return _WatchedWork(work, record) if record["async"] and work is not None else work
+        return _WatchedWork(work, record, phase) if record["async"] and work is not None else work
     sent = tensor.detach().clone()
     bound.arguments["tensor"] = sent
     work = real(*bound.args, **bound.kwargs)
     with torch.no_grad():
         tensor.fill_(SENTINEL)
-    return _DeferredWork(work, record, tensor, sent)
+    return _DeferredWork(work, record, tensor, sent, phase)
 
 
 @contextlib.contextmanager
-def watch_all_reduce(student_fn: Callable, classify: Classify,
-                     deferred: bool = False) -> Iterator[List[Dict[str, Any]]]:
+def watch_all_reduce(student_fn: Callable, classify: Classify, deferred: bool = False,
+                     phase: Optional[Phase] = None,
+                     note: Optional[Callable[[], Dict[str, Any]]] = None) -> Iterator[List[Dict[str, Any]]]:
     """While inside: every dist.all_reduce is recorded (what classify calls its tensor, op, async, waited).
 
     deferred: an async all_reduce's result lands in its tensor only at wait() (see _DeferredWork).
+    phase: where the run is; then each record has "phase" (where it started) and "waited_in" (where it was
+    first waited for: a wait() during backward holds backward up as a blocking all_reduce does).
+    note: more to record with each call (e.g. which parameter's hook was running).
     """
     real = dist.all_reduce
     signature = inspect.signature(real)
@@ -140,8 +156,11 @@ def watch_all_reduce(student_fn: Callable, classify: Classify,
         kind, index = classify(a["tensor"]) if isinstance(a.get("tensor"), torch.Tensor) else ("not_a_tensor", None)
         record = {"tensor": kind, "index": index, "op": _op_name(a.get("op", dist.ReduceOp.SUM)),
                   "async": bool(a.get("async_op", False)), "waited": False}
+        if phase is not None:
+            record["phase"] = phase()
+        record.update(note() if note is not None else {})
         records.append(record)
-        return _start(real, bound, record, deferred)
+        return _start(real, bound, record, deferred, phase)
 
     dist.all_reduce = watched
     swap_globals(student_fn, real, watched)  # `from torch.distributed import all_reduce` too
@@ -149,67 +168,12 @@ def watch_all_reduce(student_fn: Callable, classify: Classify,
         yield records
     finally:
         dist.all_reduce = real
+        swap_globals(student_fn, watched, real)  # a later watch in the same rank finds the real one again
 
 
 def sentinel_read(t: Optional[torch.Tensor]) -> bool:
     """True when t holds a value read from a deferred all_reduce's tensor before its wait()."""
     return t is not None and t.is_floating_point() and bool((t.detach().abs() > _HUGE).any())
-
-
-# --------------------------------------------------------------------------------------- hook registrations
-@contextlib.contextmanager
-def watch_hooks(params: List[torch.Tensor]) -> Iterator[List[Dict[str, Any]]]:
-    """While inside: every hook registered on a tensor (register_post_accumulate_grad_hook or register_hook):
-    on which parameter ("on": its index, "data" for a tensor sharing a parameter's storage, else "other"),
-    its kind ("post" or "tensor"), and the parameter its closure holds once the block ends ("closes_over")."""
-    records: List[Dict[str, Any]] = []
-    real = {"post": torch.Tensor.register_post_accumulate_grad_hook, "tensor": torch.Tensor.register_hook}
-
-    def which(t: Any) -> Any:
-        for i, p in enumerate(params):
-            if t is p:
-                return i
-        if isinstance(t, torch.Tensor) and any(storage_of(t) == storage_of(p) for p in params):
-            return "data"
-        return "other"
-
-    def wrap(kind: str) -> Callable:
-        def register(self: torch.Tensor, hook: Callable) -> Any:
-            records.append({"kind": kind, "on": which(self), "hook": hook})
-            return real[kind](self, hook)
-        return register
-
-    torch.Tensor.register_post_accumulate_grad_hook = wrap("post")  # type: ignore[method-assign]
-    torch.Tensor.register_hook = wrap("tensor")  # type: ignore[method-assign]
-    try:
-        yield records
-    finally:
-        torch.Tensor.register_post_accumulate_grad_hook = real["post"]  # type: ignore[method-assign]
-        torch.Tensor.register_hook = real["tensor"]  # type: ignore[method-assign]
-        for r in records:  # read once the learner's loop has ended: a late-bound closure holds its last value
-            r["closes_over"] = _closed_param(r.pop("hook"), params)
-
-
-def _closed_param(hook: Any, params: List[torch.Tensor]) -> Optional[int]:
-    """The index of the parameter a hook's closure holds (a lambda made in a loop: `lambda _: f(p)`), or None."""
-    for cell in getattr(hook, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        for i, p in enumerate(params):
-            if value is p:
-                return i
-    return None
-
-
-def late_bound(hooks: List[Dict[str, Any]]) -> Optional[int]:
-    """The parameter every hook's closure holds when the hooks sit on different parameters, all closing over
-    the same one (the loop variable's last value): the late-binding closure. None otherwise."""
-    held = {h["closes_over"] for h in hooks}
-    if len(hooks) >= 2 and len(held) == 1 and None not in held and len({h["on"] for h in hooks}) > 1:
-        return held.pop()
-    return None
 
 
 def unwaited(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

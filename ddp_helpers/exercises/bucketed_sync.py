@@ -10,7 +10,9 @@ order, the result never written back into p.grad, not the first wrong number it 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -19,17 +21,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._compare import close
-from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
-from ._sync_checks import (changed_params, hook_mistake, params_of, registration_verdict, snapshot,
-                           timing_verdict)
-from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_hooks
+from ._harness import Verdict, call_student, check_on_2_and_3_ranks, exercise, fail, student_outcomes
+from ._bucket_verdicts import (CAP_BYTES, OBJECTS, _stale_verdict, _structure_verdict, collective_verdict, flush_verdict, kept_verdict, offsets_verdict, op_verdict,
+                               structure_waits, waits_verdict, where_verdict)
+from ._sync_checks import (backward_error, changed_params, forward_verdict, hook_mistake, params_of,
+                           registration_verdict, returned_verdict, snapshot, timing_verdict)
+from ._sync_watch import changed_shared, held_handles, shared_containers, watch_hooks
+from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_collectives
 
-# Linear layers (in, out): 10 tensors from 3 to 144 numbers. With a cap of 140 numbers (560 bytes), the reverse of
-# model.parameters() makes 3 or more buckets of several tensors whatever the closing rule, and a partial last one.
+# Linear layers (in, out): 10 tensors from 3 to 144 numbers; with CAP_BYTES, several buckets and a partial last one.
 LAYERS = ((6, 10), (10, 12), (12, 12), (12, 8), (8, 3))
-CAP_BYTES = 560
 BATCH = 16
-ITERATIONS = 2
+ITERATIONS = 3
 
 NUDGES = {
     "no_finish": "the exercise asks for a function back: what does the training loop call after backward?",
@@ -57,6 +60,16 @@ NUDGES = {
     "stale_buffer": "the first backward's gradients were right, the second's were not: what is in your flat "
                     "buffer when the second backward starts?",
     "after_backward": "the gradients are right, but nothing travelled while backward was running.",
+    "not_all_reduce": "the ranks communicated, but did every rank end up with the sum?",
+    "wrong_op": "look at the operation your all_reduce applies.",
+    "wrong_offsets": "the gradients are not the mean: where in the bucket does each gradient sit?",
+    "sync_in_forward": "look at when your code runs: before or after the gradients exist?",
+    "averaged_output": "look at what your code averages: the gradients, or something else?",
+    "hook_returned": "backward stopped in your hook: look at what it returns.",
+    "waited_in_hook": "your gradients are right, but each all_reduce still held up the backward pass.",
+    "kept_works": "your gradients are right, but look at what your code still holds after finish().",
+    "second_call": "the first call's gradients were right, a second call's were not: what do your calls share?",
+    "shared_state": "look at where your code keeps what it collects.",
 }
 
 
@@ -94,20 +107,36 @@ def _layout(t: torch.Tensor, arrived: Dict[int, torch.Tensor], world_size: int) 
 
 
 class _Recorder:
-    """Inside a rank: each gradient as it arrives (hooks registered before the learner's) and each all_reduce."""
+    """Inside a rank: each gradient as it arrives (hooks registered before the learner's), per model, and each
+    all_reduce, on the model whose backward or finish() runs (running["object"])."""
 
-    def __init__(self, model: nn.Module, world_size: int):
-        self.world_size, self.phase = world_size, "setup"
-        self.arrived: Dict[int, torch.Tensor] = {}
+    def __init__(self, models: List[nn.Module], world_size: int):
+        self.world_size, self.running = world_size, {"phase": "setup", "hook": None, "object": 0}
+        self.arrivals: List[Dict[int, torch.Tensor]] = [{} for _ in models]
         self.calls: List[Dict[str, Any]] = []
-        for i, p in enumerate(model.parameters()):
-            p.register_post_accumulate_grad_hook(
-                lambda p, i=i: self.arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+        for arrived, model in zip(self.arrivals, models):
+            for i, p in enumerate(model.parameters()):
+                p.register_post_accumulate_grad_hook(
+                    lambda p, i=i, arrived=arrived: arrived.__setitem__(i, p.grad.detach().reshape(-1).clone()))
+
+    @property
+    def arrived(self) -> Dict[int, torch.Tensor]:
+        """The gradients of the model now running, as they arrived in this backward."""
+        return self.arrivals[self.running["object"]]
+
+    @property
+    def phase(self) -> str:
+        """Where the run is: "setup", "forward", "backward", "finish" or "after"."""
+        return self.running["phase"]
+
+    @phase.setter
+    def phase(self, now: str) -> None:
+        self.running["phase"] = now
 
     def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
         """What an all_reduce's tensor is: where it was started, and the parameters it held (see _layout)."""
         self.calls.append({"phase": self.phase, "numel": t.numel(), "n_arrived": len(self.arrived),
-                           "layout": _layout(t, self.arrived, self.world_size)})
+                           "layout": _layout(t, self.arrived, self.world_size), "object": self.running["object"]})
         return "tensor", len(self.calls) - 1
 
 
@@ -126,50 +155,76 @@ def _iteration(model: nn.Module, local_model: nn.Module, rec: _Recorder, finish:
     first_call = len(rec.calls)
     params = params_of(model)
     before = snapshot(params)
-    rec.phase = "backward"
+    rec.running.pop("returned", None)
     try:
-        F.cross_entropy(model(x), y).backward()  # the learner's hooks run in here
+        rec.phase = "forward"
+        loss = F.cross_entropy(model(x), y)
+        rec.phase = "backward"
+        loss.backward()  # the learner's hooks run in here
     except Exception as e:  # noqa: BLE001 - an error in the learner's hook becomes a hint
-        return {"call": error_report(e, student_fn)}
+        return {"call": backward_error(e, student_fn, rec.running)}
+    shared_mid = shared_containers(student_fn)
     rec.phase = "finish"
     call = call_student(finish)
     call.pop("value", None)
     rec.phase = "after"
     return {"call": call, "local": _grads(local_model), "after": _grads(model),
             "calls": list(range(first_call, len(rec.calls))), "changed": changed_params(before, params),
-            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)]}
+            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)], "held": held_handles(finish),
+            "shared": [shared_mid, shared_containers(student_fn)]}
+
+
+def _call(student_fn: Callable, model: nn.Module, rec: _Recorder, out: Dict[str, Any]) -> Optional[Callable]:
+    """The learner's function on one model: its finish(), or None with out["call"] saying why."""
+    with watch_hooks(params_of(model), rec.running, student_fn) as hooks:
+        call = call_student(student_fn, model, CAP_BYTES)
+    out.setdefault("hooks", hooks)  # the first call's: the one every registration verdict reads
+    finish = call.pop("value", None)
+    if call["status"] == "ok" and not callable(finish):
+        call = {"status": "no_finish", "type": type(finish).__name__}
+    # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
+    out["call"] = hook_mistake(hooks) or call
+    return finish if out["call"]["status"] == "ok" else None
 
 
 def _in_rank(rank: int, world_size: int, student_fn: Callable) -> Dict[str, Any]:
-    """In each rank: the learner's function on the check's model, then ITERATIONS training iterations."""
-    model = net()
-    local_model = copy.deepcopy(model)
-    rec = _Recorder(model, world_size)
-    out: Dict[str, Any] = {"iterations": []}
-    with watch_all_reduce(student_fn, rec.classify, deferred=True) as reduced:
-        with watch_hooks(params_of(model)) as hooks:
-            call = call_student(student_fn, model, CAP_BYTES)
-        finish = call.pop("value", None)
-        if call["status"] == "ok" and not callable(finish):
-            call = {"status": "no_finish", "type": type(finish).__name__}
-        # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
-        out["call"] = hook_mistake(hooks) or call
-        if out["call"]["status"] == "ok":
-            for it in range(ITERATIONS):
-                result = _iteration(model, local_model, rec, finish, rank, it, student_fn)
-                out["iterations"].append(result)
-                if result["call"]["status"] != "ok":
-                    out["call"] = result["call"]
-                    break
-    out.update(calls=rec.calls, reduced=reduced, n_params=len(params_of(model)), hooks=hooks,
-               sizes=[p.numel() * p.element_size() for p in params_of(model)])
+    """In each rank: the learner's function on two copies of the check's model (as when a notebook's cell runs
+    again), then ITERATIONS training iterations: the first model's, the second's, the first's again."""
+    models = [net()]
+    models.append(copy.deepcopy(models[0]))
+    local_model = copy.deepcopy(models[0])
+    rec = _Recorder(models, world_size)
+    out: Dict[str, Any] = {"iterations": [], "shared_before": shared_containers(student_fn)}
+    phase = functools.partial(rec.running.__getitem__, "phase")
+    with contextlib.ExitStack() as stack:
+        reduced = stack.enter_context(watch_all_reduce(student_fn, rec.classify, deferred=True, phase=phase))
+        collectives = stack.enter_context(watch_collectives(
+            student_fn, on_call=lambda record: record.update(phase=phase())))
+        finishes = []
+        for k, model in enumerate(models):
+            rec.running["object"] = k
+            finishes.append(_call(student_fn, model, rec, out))
+            if finishes[-1] is None:
+                break
+        for it, k in enumerate(OBJECTS if out["call"]["status"] == "ok" else ()):
+            rec.running["object"] = k
+            result = _iteration(models[k], local_model, rec, finishes[k], rank, it, student_fn)
+            result["object"] = k
+            out["iterations"].append(result)
+            if result["call"]["status"] != "ok":
+                out["call"] = result["call"]
+                break
+    for handle in rec.running["handles"]:  # the learner's global hooks end with the check
+        handle.remove()
+    out.update(calls=rec.calls, reduced=reduced, collectives=collectives, n_params=len(params_of(models[0])),
+               sizes=[p.numel() * p.element_size() for p in params_of(models[0])])
     return out
 
 
 # ------------------------------------------------------------------------------------------------ the parent
 def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[str]]:
     """For each rank and parameter after iteration it: "mean", "sum", "half" (the mean divided again by the world
-    size), "local", "none" or "other"."""
+    size), "local", "local_div" (this rank's own, divided by the world size), "none" or "other"."""
     local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
     mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
 
@@ -178,7 +233,7 @@ def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[s
         if g is None:
             return "none"
         for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("half", mean[i] / world_size),
-                           ("local", local[r][i])):
+                           ("local", local[r][i]), ("local_div", local[r][i] / world_size)):
             if close(g, want):
                 return name
         return "other"
@@ -186,14 +241,23 @@ def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[s
     return [[label(r, i) for i in range(len(mean))] for r in range(world_size)]
 
 
-def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_params: int,
-                   world_size: int) -> Optional[Verdict]:
+def _mean(outs: List[Dict[str, Any]], it: int) -> List[np.ndarray]:
+    local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
+    return [sum(local[r][i] for r in range(len(outs))) / len(outs) for i in range(len(local[0]))]
+
+
+def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[Verdict]:
     """The verdict from one iteration's gradients (None when every rank holds the mean everywhere)."""
+    labels, rank0 = _labels(outs, it, world_size), outs[0]
+    calls, n_params = [rank0["calls"][k] for k in rank0["iterations"][it]["calls"]], rank0["n_params"]
     kinds = {lab for row in labels for lab in row}
     if kinds == {"mean"}:
         return None
     if "none" in kinds:
         return fail("wrong_value", "some p.grad was None after finish(): leave every gradient in p.grad, averaged.")
+    verdict = op_verdict(outs)
+    if verdict is not None:
+        return verdict
     if kinds == {"sum"}:
         return fail("no_divide", f"every rank holds {world_size}x the mean gradient, the sum over the ranks: "
                                  "all_reduce adds; divide each gradient by dist.get_world_size() (before or after "
@@ -207,84 +271,12 @@ def _value_verdict(labels: List[List[str]], calls: List[Dict[str, Any]], n_param
                                         "finish() every p.grad still held this rank's own gradient: the averaged "
                                         "values stayed in your bucket's flat buffer. Copy each gradient's slice "
                                         "of the bucket back into p.grad once its all_reduce is done.")
-    if kinds == {"local", "mean"}:
-        left = sorted({i for row in labels for i, lab in enumerate(row) if lab == "local"})
-        which = f"parameter {left[0]}" if len(left) == 1 else f"parameters {left}"
-        return fail("not_flushed", f"{len(left)} of {n_params} gradients ({which} of model.parameters(), whose "
-                                   "gradients backward produces last) were never averaged: no all_reduce carried "
-                                   "them. That is the last bucket, the one that never reached cap_bytes: send it "
-                                   "too, when its last gradient arrives (or in finish()).")
+    verdict = flush_verdict(labels, outs, it, n_params) or offsets_verdict(outs, it, _mean(outs, it))
+    if verdict is not None:
+        return verdict
     return fail("wrong_value", "after finish() the gradients were neither each rank's own nor the mean over the "
                                "ranks: average them (sum with all_reduce, divide by the world size) and write "
                                "them back into p.grad.")
-
-
-def _filled_from(groups: List[List[int]], sizes: List[int], cap: int, order: List[int]) -> bool:
-    """True when every bucket but the one holding order's last index was closed by the cap, walking `order`:
-    it holds cap bytes, or the next parameter in order would have taken it past the cap."""
-    position = {i: k for k, i in enumerate(order)}
-    for group in groups:
-        last = max(group, key=position.get)
-        if position[last] == len(order) - 1:
-            continue
-        held = sum(sizes[i] for i in group)
-        if held < cap and held + sizes[order[position[last] + 1]] <= cap:
-            return False
-    return True
-
-
-def _grouping_verdict(layouts: List[List[int]], sizes: List[int]) -> Optional[Verdict]:
-    """The verdict from which parameters share a bucket (not their layout inside it): DDP fills the buckets from
-    the last parameter back; buckets filled from the first one fail."""
-    n = len(sizes)
-    if sorted(i for lay in layouts for i in lay) != list(range(n)):
-        return None  # not every gradient was read from the buffers: the values tell the mistake instead
-    backward, forward = list(range(n))[::-1], list(range(n))
-    if _filled_from(layouts, sizes, CAP_BYTES, backward):
-        return None
-    if _filled_from(layouts, sizes, CAP_BYTES, forward):
-        first = next(sorted(g) for g in layouts if 0 in g)
-        return fail("forward_order", f"buckets filled from the first layer (parameters {first} of "
-                                     "model.parameters() made the first full bucket): DDP fills them from the "
-                                     "last layer back, in the order gradients become ready, so the first bucket is "
-                                     "full early and its all_reduce overlaps the rest of backward. Walk the "
-                                     "reverse of model.parameters().")
-    return None
-
-
-def _structure_verdict(calls: List[Dict[str, Any]], n_params: int, sizes: List[int]) -> Optional[Verdict]:
-    """The verdict from how the right gradients travelled: buckets, their grouping, during backward or after."""
-    layouts = [c["layout"] for c in calls if c["layout"] is not None]
-    if len(calls) == 1:
-        return fail("one_bucket", f"one all_reduce carried all {n_params} gradients, so nothing could travel while "
-                                  "backward was still running: close a bucket once it holds cap_bytes bytes "
-                                  "(numel() * element_size() per gradient), not cap_bytes numbers.")
-    if len(calls) == n_params and all(len(lay) == 1 for lay in layouts):
-        return fail("per_parameter", f"{n_params} all_reduces per backward, one per gradient: that is step 2, not "
-                                     "buckets. Group the gradients into flat buckets of about cap_bytes.")
-    verdict = _grouping_verdict(layouts, sizes) if len(layouts) == len(calls) else None
-    if verdict is not None:
-        return verdict
-    if all(c["phase"] == "finish" for c in calls):
-        return fail("after_backward", "every all_reduce started in finish(), after backward had returned, so none "
-                                      "of them overlapped the backward pass: start each bucket's all_reduce in the "
-                                      "hook, when its last gradient arrives.")
-    return None
-
-
-def _stale_verdict(rank0: Dict[str, Any]) -> Verdict:
-    """The second backward went wrong, the first did not: a buffer that kept values, or counters that did."""
-    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][it]["calls"]] for it in range(2)]
-    if moments[0] == moments[1]:
-        return fail("stale_buffer", "after the first backward every p.grad held the mean, after the second it did "
-                                    "not, though the buckets were sent at the same moments: the flat buffers "
-                                    "still held the first backward's values, and the second added to them (+=). "
-                                    "Copy each gradient into its slot (copy_), or zero the buffers, every "
-                                    "backward.")
-    return fail("stale_state", "after the first backward every p.grad held the mean, after the second it did "
-                               "not: your hooks still counted the first backward's gradients, so the buckets were "
-                               "sent at the wrong moments or not at all. Reset what they count (and the works) in "
-                               "finish(), so that each backward starts with empty buckets.")
 
 
 def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
@@ -294,7 +286,15 @@ def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
         return fail("no_finish", f"bucketed_sync returned {kind}, not a function: return finish, the function that "
                                  "waits for the buckets and writes the averages into p.grad (the training loop "
                                  "calls it after loss.backward()).")
+    verdict = returned_verdict([o["call"] for o in outs])
+    if verdict is not None:
+        return verdict
     bad = [o for o in outs if o["call"]["status"] != "ok"]
+    if bad and bad[0]["call"].get("phase") == "forward":
+        verdict = forward_verdict([c for o in outs for c in o["collectives"]],
+                                  [x for o in outs for x in o["reduced"]], outs[0]["hooks"], bad[0]["call"])
+        if verdict is not None:
+            return verdict
     verdict = registration_verdict(outs[0]["hooks"]) if bad else None
     if verdict is not None and bad[0]["call"]["status"] not in ("not_done", "mistake"):
         return verdict
@@ -303,45 +303,57 @@ def _first_call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
 
 
 def _diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
-    """The verdict for one run: None when both iterations left the mean in every p.grad, sent as buckets should be."""
-    verdict = _first_call_verdict(outs)
+    """The verdict for one run: None when every iteration left the mean in every p.grad, sent as buckets should be."""
+    verdict = (_first_call_verdict(outs) or where_verdict(outs) or collective_verdict(outs) or
+               waits_verdict(outs))
     if verdict is not None:
         return verdict
     rank0 = outs[0]
-    if not rank0["reduced"]:
-        return registration_verdict(rank0["hooks"]) or fail(
-            "no_all_reduce", "no all_reduce was called: every rank kept its own gradients. Each bucket needs one "
-                             "dist.all_reduce(..., async_op=True).")
-    pending = unwaited(rank0["reduced"])
-    if pending:
-        return fail("unwaited", f"{len(pending)} of the {len(rank0['reduced'])} asynchronous all_reduces on rank 0 "
-                                "were never waited for: their result is in the buffer only once the work is done, "
-                                "and your code read it before that (or never). In finish(), call .wait() on every "
-                                "work the all_reduces returned before writing the result into p.grad.")
     its = rank0["iterations"]
-    verdict, it = timing_verdict(rank0["reduced"], its, [r["calls"] for r in its], "sent_before_full")
-    if verdict is not None:
-        return _stale_verdict(rank0) if it > 0 else verdict
-    for it in range(ITERATIONS):
-        calls = [rank0["calls"][k] for k in its[it]["calls"]]
-        verdict = _value_verdict(_labels(outs, it, world_size), calls, rank0["n_params"], world_size)
+    for o in outs:
+        verdict, it = timing_verdict(o["reduced"], o["iterations"], [r["calls"] for r in o["iterations"]],
+                                     "sent_before_full")
+        if verdict is not None:
+            return _stale_verdict(rank0, it) if it > 0 else verdict
+    for it in range(len(its)):
+        verdict = _value_verdict(outs, it, world_size)
         if verdict is not None and it > 0 and verdict.mistake != "no_divide":
-            return _stale_verdict(rank0)
+            return _stale_verdict(rank0, it)
         if verdict is not None:
             return registration_verdict(rank0["hooks"]) or verdict
-    if any(not r["async"] for r in rank0["reduced"]):
-        return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent its "
-                                "bucket, so backward stops there: start it with async_op=True and wait in "
-                                "finish().")
-    return _structure_verdict([rank0["calls"][k] for k in its[0]["calls"]], rank0["n_params"], rank0["sizes"])
+    shared = changed_shared(rank0)
+    if shared:
+        return fail("shared_state", f"every p.grad held the mean, but {shared} during the run: state kept "
+                                    "outside the call (a global, a default argument) is one object every call "
+                                    "shares, so a second call (the training cell run again, another model) adds "
+                                    "to the first's. Make what a call collects inside it.")
+    return (structure_waits(outs) or kept_verdict(outs) or
+            _structure_verdict([rank0["calls"][k] for k in its[0]["calls"]], rank0["n_params"], rank0["sizes"]))
+
+
+def _waits_seen(outs: List[Dict[str, Any]]) -> str:
+    """How a passing answer's works were waited for, as far as the check saw it."""
+    recs = [x for o in outs for x in o["reduced"]]
+    if recs and all(x.get("waited_in") == "finish" for x in recs):
+        return ", waited for in finish()"
+    if any(x.get("future_in") for x in recs):
+        return ", followed through their futures"
+    return ""
 
 
 @exercise("bucketed_sync", NUDGES)
 def check_bucketed_sync(student_fn: Callable, world_size: Optional[int] = None) -> str:
     """Notebook 3b: bucketed_sync(model, cap_bytes) must average the gradients in buckets sent during backward."""
-    sizes = check_on_2_and_3_ranks(_in_rank, _diagnose, student_fn, world_size,
+    seen: Dict[str, str] = {}
+
+    def judged(outs: List[Dict[str, Any]], size: int) -> Optional[Verdict]:
+        verdict = _diagnose(outs, size)
+        seen["waits"] = _waits_seen(outs)
+        return verdict
+
+    sizes = check_on_2_and_3_ranks(_in_rank, judged, student_fn, world_size,
                                    hardcoded=(("no_divide", "divided_twice", "wrong_value"),
                                               "divide by dist.get_world_size(), not a fixed number."))
     return (f"{ITERATIONS} backward passes left the mean gradient in every p.grad, carried in buckets filled from "
-            "the last layer back and sent while backward was running, on "
-            f"{' and on '.join(map(str, sizes))} ranks.")
+            "the last layer back, each all-reduced with async_op=True while backward was running"
+            f"{seen.get('waits', '')}, on {' and on '.join(map(str, sizes))} ranks.")

@@ -1,62 +1,77 @@
 """Notebook 0's two blanks, checked: `AfterBackward` (step 1) and `AsGradientsArrive` (step 2).
 
 The learner writes a class built as `sync = Cls(model)` whose `sync.finish()` the training loop calls after
-`loss.backward()` and before `optimizer.step()`. The check runs two backward passes on every rank with it and,
-before any of the learner's code, two with torch's DDP on the same model and batches; after each `finish()` it
-compares every p.grad with the mean of the ranks' own gradients, and, on 2 ranks, with DDP's, bit for bit.
-While the learner's code runs it records its hooks (on which tensor, what their closures hold) and its
-all_reduces (on what, during backward or in finish(), asynchronous and waited for), with the result of an
-asynchronous one reaching its tensor only at wait() (see _watch). A hint then names what the code did.
+`loss.backward()` and before `optimizer.step()`. Each rank builds two objects, on two copies of the model (as a
+notebook does when its training cell runs again), and runs three backward passes: the first object's, the second
+object's, the first object's again; after each `finish()` it compares every p.grad with the mean of the ranks'
+own gradients, and, on 2 ranks, with torch's DDP's (run first, on the same model and batches), bit for bit. Then an
+optimizer step (lr 0: the weights stay) runs whatever the learner hung on `optimizer.step()`.
+
+While the learner's code runs the check records (see _watch, _sync_watch): its hooks (on which tensor, of which
+kind, which one is running, what their closures hold, a post-accumulate hook that returns a value), every
+collective it calls, its all_reduces (where each started, its op, asynchronous, where it was waited for), with an
+asynchronous result reaching its tensor only at wait(); divisions of a p.grad into a new tensor; the works each
+object still holds after finish() and the class attributes every instance shares. _core_verdicts then names what
+the code did, from every rank's records.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ..lesson.handbuilt import agreement, build_net
-from ._compare import close
-from ._harness import Verdict, call_student, check_on_2_and_3_ranks, error_report, exercise, fail, student_outcomes
+from ..lesson.handbuilt import build_net
+from ._core_verdicts import ITERATIONS, OBJECTS, diagnose
+from ._harness import call_student, check_on_2_and_3_ranks, exercise, fail
 from ._reference import rank_batch
-from ._sync_checks import (changed_params, hook_mistake, params_of, registration_verdict, snapshot,
-                           timing_verdict)
-from ._watch import sentinel_read, unwaited, watch_all_reduce, watch_hooks
+from ._sync_checks import backward_error, changed_params, hook_mistake, params_of, snapshot
+from ._sync_watch import held_handles, shared_containers, watch_divisions, watch_hooks
+from ._watch import sentinel_read, watch_all_reduce, watch_collectives
 from .average_gradients import _classifier
 
-ITERATIONS = 2
 BATCH = 16
 NUDGES = {
     "no_finish": "the training loop calls sync.finish() after backward: does your object have it?",
     "no_all_reduce": "the ranks never combined their gradients.",
+    "not_all_reduce": "the ranks communicated, but did every rank end up with the sum?",
+    "wrong_op": "look at the operation your all_reduce applies.",
     "unwaited": "an asynchronous all_reduce returns at once: when is its result there?",
     "read_before_wait": "an asynchronous all_reduce returns at once: when may its tensor be read?",
     "changed_in_flight": "an asynchronous all_reduce returns at once: when may its tensor be changed?",
     "no_divide": "the ranks agree, but not on the mean.",
+    "rebound_divide": "the ranks agree, but not on the mean: where did your division go?",
     "divided_twice": "the ranks agree, but their gradients are too small: count the divisions.",
+    "wrong_divisor": "the ranks agree, but not on the mean: what did you divide by?",
     "reduced_copy": "there were all_reduces, yet every p.grad is still this rank's own: which tensor did they "
                     "change?",
     "reduced_params": "the ranks combined something, but not the gradients.",
     "wrote_p_data": "after finish() the weights themselves had changed: where should the averages go?",
     "some_params": "the model has twelve gradient tensors: were they all averaged?",
-    "stale_state": "the first backward's gradients were right, the second's were not: what does your object "
+    "ignores_argument": "look at what your hook does with the parameter autograd calls it with.",
+    "stale_state": "the first backward's gradients were right, a later one's were not: what does your object "
                    "keep from one backward to the next?",
+    "second_object": "the first object's gradients were right, a second object's were not: what do your objects "
+                     "share?",
+    "kept_works": "your gradients are right, but look at what your object still holds after finish().",
+    "shared_state": "your gradients are right, but look at where your class keeps what it collects.",
     "late_binding": "your hooks were registered in a loop: which parameter does each of them use?",
     "hook_on_data": "look at the tensor you registered your hook on.",
     "tensor_hook": "look at which hook you registered, and what it is called with.",
+    "hook_returned": "backward stopped in your hook: look at what it returns.",
+    "sync_in_forward": "look at when your code runs: before or after the gradients exist?",
+    "averaged_output": "look at what your code averages: the gradients, or something else?",
+    "sync_in_step": "look at when your code runs: before or after finish() returns?",
     "blocking": "your gradients are right, but each all_reduce held up the backward pass.",
+    "waited_in_hook": "your gradients are right, but each all_reduce still held up the backward pass.",
     "after_backward": "your gradients are right, but nothing travelled while backward was running.",
     "wrong_value": "the gradients are not the mean over the ranks.",
 }
-
-
-STALE = fail("stale_state", "after the first backward every p.grad held the mean, after the second it did not: "
-                            "finish() went over what the first backward left (its works, or its gradients) again. "
-                            "Empty what your object collects in finish(), so that each backward starts afresh.")
 
 
 def _grads(model: torch.nn.Module) -> List[Optional[np.ndarray]]:
@@ -70,186 +85,144 @@ def _model() -> torch.nn.Module:
         return build_net(0)
 
 
-def _ddp_grads(model: torch.nn.Module, rank: int) -> List[List[Optional[np.ndarray]]]:
-    """torch's DDP on a copy of the model, the check's own collectives, all made before the learner's code runs:
-    the gradients each iteration leaves."""
-    ddp = DistributedDataParallel(copy.deepcopy(model))
-    out = []
+def _references(model: torch.nn.Module, rank: int) -> Dict[str, List[List[Optional[np.ndarray]]]]:
+    """Before any of the learner's code: each iteration's gradients of torch's DDP (on a copy; the check's own
+    collectives) and this rank's own (the local model, no synchronization)."""
+    ddp, local = DistributedDataParallel(copy.deepcopy(model)), copy.deepcopy(model)
+    out: Dict[str, List[Any]] = {"ddp": [], "local": []}
     for it in range(ITERATIONS):
         x, y = rank_batch(rank, it, BATCH)
-        ddp.zero_grad(set_to_none=True)
-        F.cross_entropy(ddp(x), y).backward()
-        out.append(_grads(ddp.module))
+        for key, net, inner in (("ddp", ddp, ddp.module), ("local", local, local)):
+            net.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x), y).backward()
+            out[key].append(_grads(inner))
     return out
 
 
-def _iteration(model: torch.nn.Module, local: torch.nn.Module, sync: Any, phase: Dict[str, str], rank: int,
-               it: int, student_cls: Any) -> Dict[str, Any]:
-    """zero_grad, forward, backward (the learner's hooks), sync.finish(): what came out."""
+def _iteration(model: torch.nn.Module, sync: Any, optimizer: torch.optim.Optimizer, running: Dict[str, Any],
+               rank: int, it: int, student_cls: Any) -> Dict[str, Any]:
+    """zero_grad, forward, backward (the learner's hooks), sync.finish(), optimizer.step(): what came out."""
     x, y = rank_batch(rank, it, BATCH)
-    local.zero_grad(set_to_none=True)
-    F.cross_entropy(local(x), y).backward()  # this rank's own gradients: the reference
     params = params_of(model)
     model.zero_grad(set_to_none=True)
-    before, phase["now"] = snapshot(params), "backward"
+    before = snapshot(params)
+    running.pop("returned", None)
     try:
-        F.cross_entropy(model(x), y).backward()
+        running["phase"] = "forward"
+        loss = F.cross_entropy(model(x), y)
+        running["phase"] = "backward"
+        loss.backward()
     except Exception as e:  # noqa: BLE001 - an error in the learner's hook becomes a hint
-        return {"call": error_report(e, student_cls)}
-    phase["now"] = "finish"
+        return {"call": backward_error(e, student_cls, running)}
+    shared_mid = shared_containers(student_cls)
+    running["phase"] = "finish"
     call = call_student(sync.finish)
     call.pop("value", None)
-    phase["now"] = "after"
-    return {"call": call, "local": _grads(local), "after": _grads(model), "changed": changed_params(before, params),
-            "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)]}
+    running["phase"] = "after"
+    result = {"call": call, "after": _grads(model), "changed": changed_params(before, params),
+              "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)], "held": held_handles(sync),
+              "shared": [shared_mid, shared_containers(student_cls)]}
+    running["phase"] = "step"
+    try:
+        optimizer.step()  # lr 0: only what the learner hung on the step changes anything
+    except Exception as e:  # noqa: BLE001 - an error in the learner's step hook becomes a hint
+        if call["status"] == "ok":
+            result["call"] = backward_error(e, student_cls, running)
+    running["phase"] = "after"
+    return result
 
 
-def _in_rank(rank: int, world_size: int, student_cls: Any) -> Dict[str, Any]:
-    """In each rank: DDP's gradients, then the learner's class on the same model and batches."""
-    model = _model()
-    out: Dict[str, Any] = {"ddp": _ddp_grads(model, rank), "iterations": [], "phases": []}
-    local, phase = copy.deepcopy(model), {"now": "setup"}
-    classify = _classifier(model)
-
-    def classified(t: torch.Tensor) -> Any:
-        out["phases"].append(phase["now"])
-        return classify(t)
-
-    with watch_all_reduce(student_cls, classified, deferred=True) as reduced:
-        with watch_hooks(params_of(model)) as hooks:
+def _build(models: List[torch.nn.Module], student_cls: Any, running: Dict[str, Any], out: Dict[str, Any]
+           ) -> List[Any]:
+    """One object of the learner's class per model; out["call"] says how it went, out["hooks"] what each
+    registered."""
+    syncs: List[Any] = []
+    out["hooks"], out["call"] = [], {"status": "ok"}
+    for k, model in enumerate(models):
+        running["object"] = k
+        others = [p for m in models if m is not model for p in params_of(m)]
+        with watch_hooks(params_of(model), running, student_cls, foreign=others) as hooks:
             call = call_student(student_cls, model)
+        out["hooks"].append(hooks)
         sync = call.pop("value", None)
         if call["status"] == "ok" and not callable(getattr(sync, "finish", None)):
             call = {"status": "no_finish", "type": type(sync).__name__}
         # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
         out["call"] = hook_mistake(hooks) or call
-        for it in range(ITERATIONS if out["call"]["status"] == "ok" else 0):
-            first = len(reduced)
-            result = _iteration(model, local, sync, phase, rank, it, student_cls)
-            result["reduced"] = list(range(first, len(reduced)))
+        if out["call"]["status"] != "ok":
+            break
+        syncs.append(sync)
+    return syncs
+
+
+def _in_rank(rank: int, world_size: int, student_cls: Any) -> Dict[str, Any]:
+    """In each rank: the references, then two objects of the learner's class and three backward passes."""
+    model = _model()
+    out: Dict[str, Any] = {**_references(model, rank), "iterations": [],
+                           "shared_before": shared_containers(student_cls)}
+    models = [model, copy.deepcopy(model)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.0) for m in models]
+    running: Dict[str, Any] = {"phase": "setup", "object": 0, "hook": None}
+    classify = [_classifier(m) for m in models]
+    phase = functools.partial(running.__getitem__, "phase")
+
+    def note() -> Dict[str, Any]:
+        return {"object": running["object"], "in_hook": running.get("hook")}
+
+    def noted(record: Dict[str, Any]) -> None:
+        record.update(phase=phase(), **note())
+
+    with contextlib.ExitStack() as stack:
+        reduced = stack.enter_context(watch_all_reduce(
+            student_cls, lambda t: classify[running["object"]](t), deferred=True, phase=phase, note=note))
+        collectives = stack.enter_context(watch_collectives(student_cls, on_call=noted))
+        divisions = stack.enter_context(watch_divisions(lambda: params_of(models[running["object"]]), phase))
+        syncs = _build(models, student_cls, running, out)
+        for it, k in enumerate(OBJECTS if out["call"]["status"] == "ok" else ()):
+            running["object"] = k
+            first = (len(reduced), len(collectives), len(divisions))
+            result = _iteration(models[k], syncs[k], optimizers[k], running, rank, it, student_cls)
+            result.update(object=k, reduced=list(range(first[0], len(reduced))),
+                          collectives=list(range(first[1], len(collectives))),
+                          divisions=list(range(first[2], len(divisions))))
             out["iterations"].append(result)
             if result["call"]["status"] != "ok":
                 out["call"] = result["call"]
                 break
-    out.update(reduced=reduced, hooks=hooks)
+    for handle in running["handles"]:  # the learner's global hooks end with the check
+        handle.remove()
+    out.update(reduced=reduced, collectives=collectives, divisions=divisions, n_params=len(params_of(model)),
+               batch=BATCH)
     return out
 
 
-# ------------------------------------------------------------------------------------------------ the parent
-def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[str]]:
-    """For each rank and parameter after iteration it: "mean", "sum", "half", "local", "local_div", "none" or
-    "other"."""
-    local = [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
-    mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
-
-    def label(r: int, i: int) -> str:
-        g = outs[r]["iterations"][it]["after"][i]
-        if g is None:
-            return "none"
-        for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("half", mean[i] / world_size),
-                           ("local", local[r][i]), ("local_div", local[r][i] / world_size)):
-            if close(g, want):
-                return name
-        return "other"
-
-    return [[label(r, i) for i in range(len(mean))] for r in range(world_size)]
-
-
-def _value_verdict(labels: List[List[str]], reduced: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
-    """The verdict from one iteration's gradients (None when every rank holds the mean everywhere)."""
-    kinds = {lab for row in labels for lab in row}
-    if kinds == {"mean"}:
-        return None
-    if "none" in kinds:
-        return fail("wrong_value", "some p.grad was None after finish(): leave every gradient in p.grad, averaged.")
-    if kinds == {"sum"}:
-        return fail("no_divide", f"every rank holds {world_size}x the mean gradient, the sum over the ranks: "
-                                 "all_reduce adds; divide each gradient by dist.get_world_size() (before the "
-                                 "all_reduce, or after it has finished).")
-    if kinds == {"half"}:
-        return fail("divided_twice", f"every rank holds the mean divided by {world_size} once more: you divided "
-                                     "by the world size twice (before the all_reduce and after it, or "
-                                     "ReduceOp.AVG and a division). Divide once.")
-    if kinds <= {"local", "local_div"} and not any(r["tensor"] == "grad" for r in reduced):
-        return fail("reduced_copy", "your all_reduces went to a copy of the gradients (a new tensor, e.g. "
-                                    "p.grad.clone() or torch.cat), and the result never reached p.grad, which still "
-                                    "holds this rank's own gradient. all_reduce changes the tensor it is given, in "
-                                    "place: give it p.grad itself.")
-    fine = [i for i in range(len(labels[0])) if all(row[i] == "mean" for row in labels)]
-    if fine:
-        left = [i for i in range(len(labels[0])) if i not in fine]
-        return fail("some_params", f"only {len(fine)} of the {len(labels[0])} gradients hold the mean; parameters "
-                                   f"{left} of model.parameters() do not: every parameter's gradient needs the "
-                                   "same all_reduce and the same division.")
-    return fail("wrong_value", "after finish() the gradients were neither each rank's own nor the mean over the "
-                               "ranks: sum them with all_reduce and divide by the world size, in p.grad.")
+def how_seen(outs: List[Dict[str, Any]]) -> str:
+    """What was seen of a passing answer's communication: where it started, asynchronous, where waited for."""
+    recs = [x for o in outs for x in o["reduced"] if x.get("phase") in ("backward", "finish")]
+    starts = {x["phase"] for x in recs}
+    how = {"backward": "all-reduced during backward", "finish": "all-reduced in finish(), after backward"}.get(
+        next(iter(starts)) if len(starts) == 1 else "", "all-reduced during backward and in finish()")
+    if recs and all(x["async"] for x in recs):
+        waits = {x.get("waited_in") for x in recs} - {None}
+        how += ", with async_op=True"
+        if waits == {"finish"}:
+            how += ", waited for in finish()"
+        elif any(x.get("future_in") for x in recs):
+            how += ", followed through their futures"
+    others = sorted({c["op"] for o in outs for c in o["collectives"] if c.get("phase") in ("backward", "finish")}
+                    - {"all_reduce"})
+    if others:
+        how += ", with dist." + ", dist.".join(others)
+    if not recs:
+        how = "with dist." + ", dist.".join(others) if others else "without an all_reduce"
+    return how
 
 
-def _structure_verdict(rank0: Dict[str, Any], step: int) -> Optional[Verdict]:
-    """Step 2 only: the gradients must leave during backward, each all_reduce asynchronous."""
-    if step == 1:
-        return None
-    if any(not r["async"] for r in rank0["reduced"]):
-        return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent "
-                                "that gradient, so backward stops there: start it with async_op=True and wait "
-                                "for it in finish().")
-    phases = [rank0["phases"][k] for k in rank0["iterations"][0]["reduced"]]
-    if phases and all(ph != "backward" for ph in phases):
-        return fail("after_backward", "every all_reduce started after backward had returned (in finish()): that "
-                                      "is step 1. Start each gradient's all_reduce in the hook autograd calls "
-                                      "once p.grad is written, and only wait in finish().")
-    return None
-
-
-def _early_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """The verdict from the learner's object itself: no finish(), hooks registered the wrong way, errors."""
-    if any(o["call"]["status"] == "no_finish" for o in outs):
-        kind = next(o["call"]["type"] for o in outs if o["call"]["status"] == "no_finish")
-        return fail("no_finish", f"the object your class builds ({kind}) has no finish() method: the training "
-                                 "loop calls sync.finish() after loss.backward(), and when it returns every p.grad "
-                                 "must hold the mean.")
-    bad = [o for o in outs if o["call"]["status"] not in ("ok", "not_done", "mistake")]
-    verdict = registration_verdict(outs[0]["hooks"]) if bad else None
-    if verdict is not None:
-        return verdict
-    student_outcomes(outs)
-    rank0 = outs[0]
-    if not rank0["reduced"]:
-        return registration_verdict(rank0["hooks"]) or fail(
-            "no_all_reduce", "no all_reduce was called: every rank kept its own gradients. Sum each gradient over "
-                             "the ranks with dist.all_reduce, then divide by the world size.")
-    pending = unwaited(rank0["reduced"])
-    if pending:
-        return fail("unwaited", f"{len(pending)} of the {len(rank0['reduced'])} all_reduce(..., async_op=True) "
-                                "on rank 0 were never waited for: the sum is in the tensor only once the work is "
-                                "done. In finish(), call .wait() on every work the all_reduces returned.")
-    if any(r["tensor"] in ("param", "param_copy") for r in rank0["reduced"]):
-        return fail("reduced_params", "you all-reduced the parameters (p or p.data), not their gradients: "
-                                      "all_reduce p.grad.")
-    its = rank0["iterations"]
-    verdict, it = timing_verdict(rank0["reduced"], its, [r["reduced"] for r in its], "changed_in_flight")
-    return STALE if verdict is not None and it > 0 else verdict
-
-
-def _diagnose(outs: List[Dict[str, Any]], world_size: int, step: int, notes: Dict[str, str]) -> Optional[Verdict]:
-    """The verdict for one run (None: both backward passes left the mean in every p.grad, as the step asks)."""
-    verdict = _early_verdict(outs)
-    if verdict is not None:
-        return verdict
-    rank0 = outs[0]
-    for it in range(ITERATIONS):
-        reduced = [rank0["reduced"][k] for k in rank0["iterations"][it]["reduced"]]
-        verdict = _value_verdict(_labels(outs, it, world_size), reduced, world_size)
-        if verdict is not None and it > 0:
-            return STALE
-        if verdict is not None:
-            return registration_verdict(rank0["hooks"]) or verdict
-    verdict = _structure_verdict(rank0, step)
-    if verdict is None and world_size == 2:
-        ours = np.concatenate([g for it in rank0["iterations"] for g in it["after"]])
-        torchs = np.concatenate([g for grads in rank0["ddp"] for g in grads])
-        notes["ddp"] = agreement(ours, torchs, bound=1e-6)
-    return verdict
+def pass_line(notes: Dict[str, Any], sizes: Sequence[int]) -> str:
+    """The PASS line: only what the check saw."""
+    ddp = f"; on 2 ranks {notes['ddp']} to torch's DDP's" if "ddp" in notes else ""
+    return (f"{ITERATIONS} backward passes, on two objects of your class, left the mean gradient in every p.grad "
+            f"({notes.get('how', 'all-reduced')}), on {' and on '.join(map(str, sizes))} ranks{ddp}.")
 
 
 def _check(student_cls: Any, world_size: Optional[int], step: int) -> str:
@@ -257,16 +230,18 @@ def _check(student_cls: Any, world_size: Optional[int], step: int) -> str:
     if not isinstance(student_cls, type):
         raise fail("not_a_class", f"pass your class itself (e.g. check(AfterBackward)), not a "
                                   f"{type(student_cls).__name__}: the check builds one per rank, as train() does.")
-    notes: Dict[str, str] = {}
-    diagnose = functools.partial(_diagnose, step=step, notes=notes)
-    sizes = check_on_2_and_3_ranks(_in_rank, diagnose, student_cls, world_size,
-                                   hardcoded=(("no_divide", "divided_twice", "wrong_value", "some_params"),
+    notes: Dict[str, Any] = {}
+    def judged(outs: List[Dict[str, Any]], size: int) -> Any:
+        verdict = diagnose(outs, size, step, notes)
+        notes["how"] = how_seen(outs) if verdict is None else notes.get("how")
+        return verdict
+
+    sizes = check_on_2_and_3_ranks(_in_rank, judged, student_cls,
+                                   world_size,
+                                   hardcoded=(("no_divide", "divided_twice", "wrong_value", "some_params",
+                                               "wrong_divisor"),
                                               "divide by dist.get_world_size(), not a fixed number."))
-    how = ("sent during backward, each with async_op=True and waited for in finish()" if step == 2 else
-           "after backward")
-    ddp = f"; on 2 ranks {notes['ddp']} to torch's DDP's" if "ddp" in notes else ""
-    return (f"{ITERATIONS} backward passes left the mean gradient in every p.grad, {how}, on "
-            f"{' and on '.join(map(str, sizes))} ranks{ddp}.")
+    return pass_line(notes, sizes)
 
 
 @exercise("after_backward", NUDGES)

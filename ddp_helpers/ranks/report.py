@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import signal
 import traceback
@@ -13,8 +14,11 @@ from typing import Any, Dict, List, Optional, Sequence
 from .outbox import Unreadable, log_path, log_tail, read_reports
 
 _TORCH_COMM_DIRS = (os.sep + os.path.join("torch", "distributed") + os.sep,
-                    os.sep + os.path.join("torch", "nn", "parallel") + os.sep,
-                    os.sep + os.path.join("torch", "autograd") + os.sep)
+                    os.sep + os.path.join("torch", "nn", "parallel") + os.sep)
+_AUTOGRAD_DIR = os.sep + os.path.join("torch", "autograd") + os.sep
+# The C++ sources of torch's collectives, as the location in front of their errors names them
+# ("[.../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer", ".../c10d/ProcessGroupNCCL.cpp").
+_CPP_COMM_SOURCES = re.compile(r"(third_party/gloo/|/gloo/transport/|/c10d/|ProcessGroup\w*\.cpp)")
 
 
 class RankFailedError(RuntimeError):
@@ -38,8 +42,12 @@ class RankFailedError(RuntimeError):
 
 def raised_in_collective(e: BaseException) -> bool:
     """True when the error came out of torch's collectives or DDP's reducer (a rank that lost its peer), judged
-    by where it was raised, not by its text: torch.distributed's own error types, or an innermost frame in
-    torch.distributed, torch.nn.parallel or the autograd engine (gloo raises plain RuntimeErrors)."""
+    by where it was raised, not by its words: torch.distributed's own error types, an innermost frame in
+    torch.distributed or torch.nn.parallel (gloo raises plain RuntimeErrors), or, for an error the autograd engine
+    re-raised, a C++ source of the collectives in front of its message (DDP's reducer waits inside backward).
+
+    Any other error out of the autograd engine is the learner's: a hook that returns a value ("Tensor post
+    accumulate grad hooks should return None."), an error raised in a hook, a shape that backward refuses."""
     import torch.distributed as dist
 
     if isinstance(e, getattr(dist, "DistError", ())):
@@ -49,7 +57,10 @@ def raised_in_collective(e: BaseException) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return any(d in tb.tb_frame.f_code.co_filename for d in _TORCH_COMM_DIRS)
+    innermost = tb.tb_frame.f_code.co_filename
+    if any(d in innermost for d in _TORCH_COMM_DIRS):
+        return True
+    return _AUTOGRAD_DIR in innermost and bool(_CPP_COMM_SOURCES.search(str(e).replace(os.sep, "/")))
 
 
 @dataclass

@@ -8,8 +8,8 @@ answers to the checked exercises of notebooks 11 and 12 are in `practice`, those
 """
 from __future__ import annotations
 
-from . import build_sync, core_sync, groups_and_data, practice, training_steps  # noqa: F401 - importing registers their wrong answers
-from ._registry import PRACTICE_WRONG, WRONG, WrongAnswer, wrong
+from . import build_sync, build_sync_class, core_sync, core_sync_class, groups_and_data, practice, training_steps  # noqa: F401 - importing registers their wrong answers
+from ._registry import PRACTICE_WRONG, SYNC_RIGHT, SYNC_WRONG, WRONG, WrongAnswer, wrong
 from .groups_and_data import loader_no_set_epoch, mean_sum_only
 
-__all__ = ["PRACTICE_WRONG", "WRONG", "WrongAnswer", "loader_no_set_epoch", "mean_sum_only", "wrong"]
+__all__ = ["PRACTICE_WRONG", "SYNC_RIGHT", "SYNC_WRONG", "WRONG", "WrongAnswer", "loader_no_set_epoch", "mean_sum_only", "wrong"]

@@ -20,6 +20,10 @@ class WrongAnswer:
 
 WRONG: List[WrongAnswer] = []  # the exercise notebook's (and the nbgrader assignment's)
 PRACTICE_WRONG: List[WrongAnswer] = []  # the checked exercises of lesson notebooks 11 and 12
+# A class-sized set for the hand-built synchronizations (notebook 0's two blanks, notebook 3b's buckets), run
+# many to a launch by tests/exercises/test_sync_class.py: each must get its mistake; SYNC_RIGHT must pass.
+SYNC_WRONG: List[WrongAnswer] = []
+SYNC_RIGHT: List[WrongAnswer] = []  # mistake "" : correct variants
 
 
 def wrong(exercise: str, mistake: str, hint: str, registry: List[WrongAnswer] = WRONG

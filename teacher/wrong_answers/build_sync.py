@@ -148,7 +148,7 @@ def bucketed_not_written_back(model, cap_bytes):
     return _buckets(model, cap_bytes, write_back=False)
 
 
-@practice("bucketed_sync", "stale_state", "after the second it did not")
+@practice("bucketed_sync", "stale_state", "still counted an earlier backward")
 def bucketed_no_reset(model, cap_bytes):
     return _buckets(model, cap_bytes, reset=False)  # the second backward finds every bucket already counted
 
@@ -207,7 +207,7 @@ def bucketed_late_binding(model, cap_bytes):
     return _buckets(model, cap_bytes, late_binding=True)
 
 
-@practice("bucketed_sync", "stale_buffer", "still held the first backward's values")
+@practice("bucketed_sync", "stale_buffer", "still held an earlier backward")
 def bucketed_stale_buffer(model, cap_bytes):
     return _buckets(model, cap_bytes, accumulate=True)  # += into buffers never zeroed
 

@@ -201,7 +201,7 @@ class ArriveLateBinding(_Step2):
             p.register_post_accumulate_grad_hook(lambda _: self.ready(p))
 
 
-@step_2("stale_state", "after the second it did not")
+@step_2("stale_state", "after a later one it did not")
 class ArriveKeepsWorks(_Step2):
     def ready(self, p):
         self.works.append((p, dist.all_reduce(p.grad, async_op=True)))

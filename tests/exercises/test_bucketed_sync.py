@@ -42,7 +42,7 @@ def test_layout_reads_the_gradients_a_buffer_holds_divided_or_not():
 
 
 def test_a_bucketing_is_judged_by_its_grouping_not_by_the_layout_inside_a_buffer():
-    from ddp_helpers.exercises.bucketed_sync import _grouping_verdict
+    from ddp_helpers.exercises._bucket_verdicts import _grouping_verdict
 
     sizes = [p.numel() * p.element_size() for p in net().parameters()]
     n = len(sizes)

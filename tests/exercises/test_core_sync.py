@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from ddp_helpers import launch
-from ddp_helpers.exercises._watch import SENTINEL, late_bound, sentinel_read, watch_all_reduce, watch_hooks
+from ddp_helpers.exercises._sync_watch import late_bound, watch_hooks
+from ddp_helpers.exercises._watch import SENTINEL, sentinel_read, watch_all_reduce
 from ddp_helpers.lesson import core_sync
 
 ROOT = Path(__file__).resolve().parents[2]

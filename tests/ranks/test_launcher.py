@@ -89,6 +89,26 @@ def test_errors_from_collectives_are_told_from_the_learners_own_by_where_they_we
     assert raised_in_collective(dist.DistBackendError("peer closed")) is True  # torch's own type, wherever raised
 
 
+def _raised_in_autograd(message):
+    """An error whose innermost frame is the autograd engine's, as the engine re-raises one from C++."""
+    engine = os.path.join(os.path.dirname(torch.autograd.__file__), "graph.py")
+    return _raised(lambda: exec(compile(f"raise RuntimeError({message!r})", engine, "exec")))
+
+
+def test_an_error_the_autograd_engine_raises_is_the_learners_unless_it_comes_from_the_collectives():
+    """A hook that returns a value is refused by autograd, inside its engine: no peer was lost (issue 58)."""
+    p = torch.nn.Parameter(torch.ones(3))
+    p.register_post_accumulate_grad_hook(lambda q: q.grad)  # returns a value
+    refused = _raised(lambda: (p * 2).sum().backward())
+    assert "should return None" in str(refused)
+    assert raised_in_collective(refused) is False
+    # DDP's reducer waits for its all-reduces inside backward: gloo's error then comes out of the engine
+    lost = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+            "[127.0.0.1]:57501")
+    assert raised_in_collective(_raised_in_autograd(lost)) is True
+    assert raised_in_collective(_raised_in_autograd("Function MulBackward0 returned an invalid gradient")) is False
+
+
 def _big_result_while_the_peer_fails(rank: int, world_size: int, failed_at: str) -> bytes:
     if rank == 1:
         with open(failed_at, "w") as fh:

@@ -1,0 +1,239 @@
+"""Notebook 3b's verdicts beyond the values (bucketed_sync judges those): where the code ran, which collective,
+which op, every rank's waits, the offsets of the copy back, the bucket never sent, the works finish() keeps.
+
+Made in the parent from every rank's records; each names what was done, with the data the check has.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from ._compare import close
+from ._harness import Verdict, fail
+from ._sync_checks import forward_verdict, other_collective_verdict, registration_verdict
+from ._sync_watch import changed_shared
+from ._watch import unwaited
+
+# With a cap of 140 numbers (560 bytes), bucketed_sync's model makes 3 or more buckets of several tensors from the
+# reverse of model.parameters(), whatever the closing rule, and a partial last one.
+CAP_BYTES = 560
+OBJECTS = (0, 1, 0)  # the function's call (on its own model) each backward runs: the second's between the first's
+OPS = {"MAX": "the largest of the ranks' values", "MIN": "the smallest of the ranks' values",
+       "PRODUCT": "the product of the ranks' values"}
+
+
+def where_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """No collective during backward or finish() on any rank: none at all, or only in the forward pass."""
+    ran = [c for o in outs for c in o["collectives"]]
+    if any(c.get("phase") in ("backward", "finish") for c in ran):
+        return None
+    verdict = forward_verdict(ran, [x for o in outs for x in o["reduced"]], outs[0]["hooks"])
+    return verdict or registration_verdict(outs[0]["hooks"]) or fail(
+        "no_all_reduce", "no collective was called after backward began: every rank kept its own gradients. Each "
+                         "bucket needs one dist.all_reduce(..., async_op=True).")
+
+
+def collective_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """Collectives, but no all_reduce (broadcast, reduce, ...) and not the mean: the one used, named."""
+    if any(x.get("phase") in ("backward", "finish") for o in outs for x in o["reduced"]):
+        return None
+    others = sorted({c["op"] for o in outs for c in o["collectives"] if c.get("phase") in ("backward", "finish")})
+    if not others or not outs[0]["iterations"]:
+        return None
+    after = [o["iterations"][0]["after"] for o in outs]
+    local = [o["iterations"][0]["local"] for o in outs]
+    world_size = len(outs)
+    mean = [sum(np.asarray(local[r][i]) for r in range(world_size)) / world_size for i in range(len(local[0]))]
+    if all(g is not None and close(g, mean[i]) for a in after for i, g in enumerate(a)):
+        return None  # e.g. an all_gather, then the mean written back: right
+    return other_collective_verdict(others[0], after, local)
+
+
+def waits_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """Every rank's works: each waited for, none waited for during backward."""
+    for r, o in enumerate(outs):
+        pending = unwaited(o["reduced"])
+        if pending:
+            return fail("unwaited", f"{len(pending)} of the {len(o['reduced'])} asynchronous all_reduces on rank "
+                                    f"{r} were never waited for: their result is in the buffer only once the work "
+                                    "is done, and your code read it before that (or never). In finish(), call "
+                                    ".wait() on every work the all_reduces returned before writing the result into "
+                                    "p.grad.")
+    return None
+
+
+def op_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """An all_reduce with an op that no division turns into the mean (MAX, MIN, PRODUCT, ...)."""
+    ops = sorted({x["op"] for o in outs for x in o["reduced"]} - {"SUM", "AVG"})
+    if not ops:
+        return None
+    return fail("wrong_op", f"your all_reduce used ReduceOp.{ops[0]}: every rank got "
+                            f"{OPS.get(ops[0], f'the ranks values combined by {ops[0]}')}, element by element, not "
+                            "their sum, so no division makes it the mean. Use the default op (SUM) and divide by the "
+                            "world size, or ReduceOp.AVG.")
+
+
+def offsets_verdict(outs: List[Dict[str, Any]], it: int, mean: List[np.ndarray]) -> Optional[Verdict]:
+    """p.grad filled from its bucket's buffer, but from another offset than its gradient's: named, with both."""
+    rank0 = outs[0]
+    layouts = [rank0["calls"][k]["layout"] for k in rank0["iterations"][it]["calls"]]
+    if not layouts or any(lay is None for lay in layouts):
+        return None
+    after = rank0["iterations"][it]["after"]
+    for lay in layouts:
+        buffer = np.concatenate([mean[i] for i in lay])
+        starts = np.cumsum([0] + [mean[i].size for i in lay])
+        for i, own in zip(lay, starts):
+            g = after[i]
+            if g is None or close(g, mean[i]):
+                continue
+            n = g.size
+            found = [o for o in range(buffer.size - n + 1) if o != own and close(g, buffer[o:o + n])]
+            if found:
+                return fail("wrong_offsets", f"parameter {i}'s p.grad held the {n} numbers at offset {found[0]} of "
+                                             f"its bucket's averaged buffer, but its own gradient sits at offset "
+                                             f"{own} (the bucket holds parameters {lay}, in that order): the copy "
+                                             "back read the wrong slice. Read each gradient back from the offset it "
+                                             "was copied in at.")
+    return None
+
+
+def never_sent(outs: List[Dict[str, Any]], it: int, n_params: int) -> Optional[List[int]]:
+    """The parameters no all_reduce of iteration it carried (None when a buffer could not be read)."""
+    rank0 = outs[0]
+    layouts = [rank0["calls"][k]["layout"] for k in rank0["iterations"][it]["calls"]]
+    if any(lay is None for lay in layouts):
+        return None
+    carried = {i for lay in layouts for i in lay}
+    return [i for i in range(n_params) if i not in carried]
+
+
+def flush_verdict(labels: List[List[str]], outs: List[Dict[str, Any]], it: int, n_params: int) -> Optional[Verdict]:
+    """Most gradients the mean, the rest this rank's own (divided or not): the last bucket, never sent."""
+    kinds = {lab for row in labels for lab in row}
+    if not (kinds <= {"mean", "local", "local_div"} and "mean" in kinds and kinds != {"mean"}):
+        return None
+    left = sorted({i for row in labels for i, lab in enumerate(row) if lab != "mean"})
+    which = f"parameter {left[0]}" if len(left) == 1 else f"parameters {left}"
+    unsent = never_sent(outs, it, n_params)
+    held = ("this rank's own gradient divided by the world size (your buffer's values, never summed)"
+            if {labels[r][i] for r in range(len(labels)) for i in left} == {"local_div"} else
+            "this rank's own gradient")
+    if unsent is not None and not set(left) <= set(unsent):
+        return None
+    carried = " no all_reduce carried them" if unsent is not None else " they were never averaged"
+    return fail("not_flushed", f"{len(left)} of {n_params} gradients ({which} of model.parameters(), whose "
+                               f"gradients backward produces last) held {held} after finish():{carried}. That is "
+                               "the last bucket, the one that never reached cap_bytes: send it too, when its last "
+                               "gradient arrives (or in finish()).")
+
+
+def structure_waits(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """Right values; but an all_reduce that blocks, or a wait() during backward, on any rank."""
+    for r, o in enumerate(outs):
+        if any(not x["async"] and x.get("phase") == "backward" for x in o["reduced"]):
+            return fail("blocking", "an all_reduce without async_op=True blocks the hook until every rank has sent "
+                                    "its bucket, so backward stops there: start it with async_op=True and wait in "
+                                    "finish().")
+        early = [x for x in o["reduced"] if x.get("waited_in") in ("forward", "backward")]
+        if early:
+            return fail("waited_in_hook", f"{len(early)} of the {len(o['reduced'])} all_reduce(..., async_op=True) "
+                                          f"on rank {r} were waited for during backward (wait() in the hook): "
+                                          "backward stopped there until every rank had sent that bucket, just as "
+                                          "with a blocking all_reduce. Keep each work, and wait for them in "
+                                          "finish().")
+    return None
+
+
+def kept_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """Right values, but finish() keeps every backward's works: the list grows every step."""
+    held = [it["held"] for it in outs[0]["iterations"]]
+    if len(held) > 1 and held[-1] > held[0]:
+        return fail("kept_works", f"after finish() your code still held {held[0]} works or futures after the first "
+                                  f"backward and {held[-1]} after the last of {len(held)}: finish() never empties "
+                                  "what it collects, so it grows by a backward's works every step, and keeps them all "
+                                  "alive. Empty it in finish(), once every work is done.")
+    return None
+
+
+def _filled_from(groups: List[List[int]], sizes: List[int], cap: int, order: List[int]) -> bool:
+    """True when every bucket but the one holding order's last index was closed by the cap, walking `order`:
+    it holds cap bytes, or the next parameter in order would have taken it past the cap."""
+    position = {i: k for k, i in enumerate(order)}
+    for group in groups:
+        last = max(group, key=position.get)
+        if position[last] == len(order) - 1:
+            continue
+        held = sum(sizes[i] for i in group)
+        if held < cap and held + sizes[order[position[last] + 1]] <= cap:
+            return False
+    return True
+
+
+def _grouping_verdict(layouts: List[List[int]], sizes: List[int]) -> Optional[Verdict]:
+    """The verdict from which parameters share a bucket (not their layout inside it): DDP fills the buckets from
+    the last parameter back; buckets filled from the first one fail."""
+    n = len(sizes)
+    if sorted(i for lay in layouts for i in lay) != list(range(n)):
+        return None  # not every gradient was read from the buffers: the values tell the mistake instead
+    backward, forward = list(range(n))[::-1], list(range(n))
+    if _filled_from(layouts, sizes, CAP_BYTES, backward):
+        return None
+    if _filled_from(layouts, sizes, CAP_BYTES, forward):
+        first = next(sorted(g) for g in layouts if 0 in g)
+        return fail("forward_order", f"buckets filled from the first layer (parameters {first} of "
+                                     "model.parameters() made the first full bucket): DDP fills them from the "
+                                     "last layer back, in the order gradients become ready, so the first bucket is "
+                                     "full early and its all_reduce overlaps the rest of backward. Walk the "
+                                     "reverse of model.parameters().")
+    return None
+
+
+def _structure_verdict(calls: List[Dict[str, Any]], n_params: int, sizes: List[int]) -> Optional[Verdict]:
+    """The verdict from how the right gradients travelled: buckets, their grouping, during backward or after."""
+    layouts = [c["layout"] for c in calls if c["layout"] is not None]
+    if len(calls) == 1:
+        return fail("one_bucket", f"one all_reduce carried all {n_params} gradients, so nothing could travel while "
+                                  "backward was still running: close a bucket once it holds cap_bytes bytes "
+                                  "(numel() * element_size() per gradient), not cap_bytes numbers.")
+    if len(calls) == n_params and all(len(lay) == 1 for lay in layouts):
+        return fail("per_parameter", f"{n_params} all_reduces per backward, one per gradient: that is step 2, not "
+                                     "buckets. Group the gradients into flat buckets of about cap_bytes.")
+    verdict = _grouping_verdict(layouts, sizes) if len(layouts) == len(calls) else None
+    if verdict is not None:
+        return verdict
+    if all(c["phase"] == "finish" for c in calls):
+        return fail("after_backward", "every all_reduce started in finish(), after backward had returned, so none "
+                                      "of them overlapped the backward pass: start each bucket's all_reduce in the "
+                                      "hook, when its last gradient arrives.")
+    return None
+
+
+def _stale_verdict(rank0: Dict[str, Any], it: int) -> Verdict:
+    """Backward it went wrong, the first did not: the second call's first backward (state shared between calls),
+    or a buffer that kept values, or counters that did."""
+    if OBJECTS[it] not in OBJECTS[:it]:
+        shared = changed_shared(rank0)
+        kept = (f" {shared} during the run: your calls share it, so the second call's hooks and finish() work on "
+                "the first's too." if shared else "")
+        return fail("second_call", "the first call's buckets left the mean in every p.grad, but a second call of "
+                                   "bucketed_sync, on another copy of the model (as when the training cell runs "
+                                   f"again), did not.{kept} Keep everything a call collects inside that call.")
+    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][i]["calls"]] for i in (0, it)]
+    shared = changed_shared(rank0)
+    if shared:
+        return fail("shared_state", f"after the first backward every p.grad held the mean, after backward {it + 1} "
+                                    f"it did not, and {shared} during the run: state kept outside the call (a "
+                                    "global, a default argument) is shared by every call, and outlives each "
+                                    "backward. Make what a call collects inside it, and reset it in finish().")
+    if moments[0] == moments[1]:
+        return fail("stale_buffer", f"after the first backward every p.grad held the mean, after backward {it + 1} "
+                                    "it did not, though the buckets were sent at the same moments: the flat buffers "
+                                    "still held an earlier backward's values, and the next added to them (+=). "
+                                    "Copy each gradient into its slot (copy_), or zero the buffers, every "
+                                    "backward.")
+    return fail("stale_state", f"after the first backward every p.grad held the mean, after backward {it + 1} it "
+                               "did not: your hooks still counted an earlier backward's gradients, so the buckets were "
+                               "sent at the wrong moments or not at all. Reset what they count (and the works) in "
+                               "finish(), so that each backward starts with empty buckets.")
