@@ -12,7 +12,8 @@ env: $(STAMP)
 # One virtual environment with the package (editable) and the test tools, on the torch the notebooks were recorded
 # with (-c requirements-recorded.txt: what nbval compares against); re-done when either file changes. pip runs
 # through tools/pip_progress.py: it says what it downloads and how much first, then lists each package it fetches
-# and prints a line each minute pip is otherwise silent (the whole output goes to $(VENV)/install.log).
+# and, every 15 s pip is otherwise quiet, what it is doing and how much so far: the file being fetched and its bytes
+# (pip's --progress-bar raw), or the bytes written into the venv (the whole output goes to $(VENV)/install.log).
 # First the interpreter against requires-python (the venv's own if there is one), so an old Python fails in one line.
 FLOOR = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.toml)
 $(STAMP): pyproject.toml requirements-recorded.txt

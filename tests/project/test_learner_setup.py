@@ -120,30 +120,64 @@ def test_make_env_says_what_it_downloads_and_how_much():
 
 
 class _Terminal(io.StringIO):
-    """The terminal make env prints to; tells the fake pip to finish once a heartbeat line has appeared."""
+    """The terminal make env prints to; leaves a marker file for each status line, so the fake pip goes on."""
 
-    def __init__(self, marker: Path):
+    def __init__(self, folder: Path):
         super().__init__()
-        self.marker = marker
+        self.folder, self.lines = folder, 0
 
     def write(self, text: str) -> int:
-        if "still working" in text:
-            self.marker.touch()
+        if text.startswith("  ... "):
+            self.lines += 1
+            (self.folder / f"status{self.lines}").touch()
         return super().write(text)
 
 
-def test_a_silent_pip_gets_a_heartbeat_line_and_its_packages_are_listed(tmp_path):
+def test_a_quiet_pip_gets_status_lines_naming_the_file_and_the_bytes_so_far(tmp_path):
+    """While pip fetches a large file and prints nothing, a line names the file and how much of it has come, and
+    the next says more (issue 62: the same line had repeated for 10 minutes)."""
     progress = _tool("pip_progress")
-    marker, log = tmp_path / "beat", tmp_path / "install.log"
-    fake_pip = ("import os, sys, time\nprint('Collecting torch', flush=True)\nprint('noise', flush=True)\n"
-                f"deadline = time.monotonic() + 60\nwhile not os.path.exists({str(marker)!r}):\n"
-                "    time.sleep(0.02)\n    if time.monotonic() > deadline: sys.exit(3)\nprint('Successfully installed x')")
-    out = _Terminal(marker)
-    status = progress.run(log, [sys.executable, "-c", fake_pip], heartbeat_s=0.2, out=out)
+    log = tmp_path / "install.log"
+    wait = ("def wait(name):\n    deadline = time.monotonic() + 60\n"
+            f"    while not os.path.exists(os.path.join({str(tmp_path)!r}, name)):\n"
+            "        time.sleep(0.02)\n        if time.monotonic() > deadline: sys.exit(3)\n")
+    fake_pip = ("import os, sys, time\n" + wait + "print('Collecting torch', flush=True)\nprint('noise', flush=True)\n"
+                "print('  Downloading torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl (900.0 MB)', flush=True)\n"
+                "print('Progress 300000000 of 900000000', flush=True)\nwait('status1')\n"
+                "print('Progress 600000000 of 900000000', flush=True)\nwait('status2')\n"
+                "print('Successfully installed torch-2.15.0', flush=True)\n")
+    out = _Terminal(tmp_path)
+    status = progress.run(log, [sys.executable, "-c", fake_pip], status_s=0.2, out=out, site_packages=tmp_path)
     shown = out.getvalue()
     assert status == 0, shown
-    assert "Collecting torch" in shown and "noise" not in shown and "Successfully installed x" in shown, shown
-    assert "noise" in log.read_text(), "the log keeps every line"
+    assert "Collecting torch" in shown and "noise" not in shown and "Successfully installed" in shown, shown
+    first, second = [line for line in shown.splitlines() if line.startswith("  ... ")][:2]
+    assert "torch-2.15.0-cp311" in first and "300.0 MB of 900.0 MB (33%)" in first, first
+    assert "600.0 MB of 900.0 MB (67%)" in second, second
+    assert "noise" in log.read_text() and "Progress" not in log.read_text(), "the log keeps pip's lines, not counts"
+
+
+def test_the_status_line_says_the_phase_and_how_much_so_far(tmp_path):
+    progress = _tool("pip_progress").Progress(tmp_path)
+    for line in ("Collecting torch", "Collecting numpy"):
+        progress.read(line)
+    assert "resolving: 2 packages collected" in progress.status(65), progress.status(65)
+    assert "1 min 05 s" in progress.status(65)
+    progress.read("  Downloading numpy-2.4.6-cp311.whl (16.0 MB)")
+    progress.read("Progress 16000000 of 16000000")
+    progress.read("Installing collected packages: numpy")
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "core.so").write_bytes(b"x" * 2_500_000)
+    assert "installing: 2.5 MB written into the venv" in progress.status(70), progress.status(70)
+
+
+def test_make_env_asks_pip_for_byte_counts_where_it_has_them(monkeypatch):
+    progress = _tool("pip_progress")
+    monkeypatch.setattr(progress, "pip_version", lambda python: (26, 3))
+    assert progress.with_raw_progress(["py", "-m", "pip", "install", "-e", "."])[3:6] == [
+        "install", "--progress-bar", "raw"]
+    monkeypatch.setattr(progress, "pip_version", lambda python: (23, 2))  # no raw bar: pip's own lines only
+    assert progress.with_raw_progress(["py", "-m", "pip", "install", "."]) == ["py", "-m", "pip", "install", "."]
 
 
 def _fake_id(tmp_path: Path, uid: int) -> dict:
