@@ -8,12 +8,15 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import sysconfig
 import threading
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import List
 
 import nbformat
 import pytest
@@ -275,3 +278,72 @@ def test_the_agent_store_flag_is_kept_from_another_endpoint_before_torch_2_14(mo
     monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", new)
     gate_agent_store_flag()
     assert new._create_c10d_store is new._agent_store_serves
+
+
+# Run by the venv's own python: each notebook top to bottom in its own folder, as `jupyter lab notebooks` would run
+# it (the kernel is the venv's: ipykernel's own spec for the interpreter running this), over Unix sockets (no port
+# to race for beside the other tests' kernels; tools/nbval_ipc.py says why).
+_EXECUTE = """
+import os, sys, tempfile, uuid
+import nbformat
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+for path in sys.argv[1:]:
+    nb = nbformat.read(path, as_version=4)
+    km = KernelManager(kernel_name="python3", transport="ipc",
+                       ip=os.path.join(tempfile.gettempdir(), f"zip-{uuid.uuid4().hex[:12]}-ipc"))
+    NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    print("ran", os.path.basename(path), "cells:", sum(c.cell_type == "code" for c in nb.cells), flush=True)
+"""
+
+
+def _documented_install(readme: str) -> List[str]:
+    """The commands of the first shell block under the zip README's "Install and open"."""
+    section = readme.split("## Install and open", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_the_zips_documented_install_runs_notebooks_00_and_04_in_an_empty_folder(tmp_path):
+    """Issue 62: the zip's `pip install .` left the listing's script cells failing, and its README was the
+    repository's (make targets). Here: the zip unpacked into an empty folder, its README's install line run in a
+    fresh venv, then notebooks 00 and 04 top to bottom with that venv's kernel. Offline: the venv sees this test
+    environment's packages (a .pth line naming its site-packages: torch, torchvision, jupyter, ...), pip gets
+    --no-index and --no-build-isolation (this environment's setuptools builds the package), so only the package
+    itself is installed, from the unpacked folder."""
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import site_archive
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    archive = site_archive.write_archive(ROOT, tmp_path / site_archive.ARCHIVE)
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(empty)
+    folder = empty / site_archive.TOP
+    readme = (folder / "README.md").read_text()
+    assert "make " not in readme and "pins.txt" not in readme, "the zip's README names what it doesn't carry"
+    install, opens = _documented_install(readme)
+    assert install == site_archive.INSTALL == 'pip install ".[vision]"' and opens == "jupyter lab notebooks"
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "test_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_CONSTRAINT")}
+    env["JUPYTER_PATH"] = env["JUPYTER_DATA_DIR"] = str(tmp_path / "jupyter")  # no kernel spec but the venv's own
+    pip_args = shlex.split(install)[1:] + ["--no-index", "--no-build-isolation", "-q"]
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *pip_args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where = subprocess.run([str(python), "-c", "import ddp_helpers, torchvision; print(ddp_helpers.__file__)"],
+                           cwd=empty, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(venv), f"the kernel would import ddp_helpers from {where}"
+    notebooks = [str(folder / "notebooks" / name) for name in ("00_core_path.ipynb", "04_two_process_mnist.ipynb")]
+    proc = subprocess.run([str(python), "-c", _EXECUTE, *notebooks], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=840)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    assert proc.stdout.count("ran ") == 2, proc.stdout

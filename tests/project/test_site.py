@@ -123,14 +123,15 @@ def test_every_internal_link_and_image_resolves(site):
 @pytest.mark.slow
 def test_the_index_and_every_notebook_page_offer_the_whole_set_and_its_install_line(site, tmp_path):
     """The package is not on PyPI: each page links ddp-tutorial.zip (the notebooks and the package's source) and
-    says `pip install .`; the archive holds every notebook and builds a wheel that ships them."""
+    says its one install line, `pip install ".[vision]"`; the archive holds every notebook, a README of its own
+    (pip commands, no make target: the archive has no Makefile) and builds a wheel that ships them."""
     archive = site / "ddp-tutorial.zip"
     assert archive.is_file(), "the site has no ddp-tutorial.zip"
     for page in [site / "index.html"] + [site / "notebooks" / f"{n}.html" for n in _notebooks()]:
         parsed = _parse(page)
         links = [v for tag, _, v in parsed.refs if tag == "a" and v.endswith("ddp-tutorial.zip")]
         assert links and all((page.parent / v).resolve() == archive.resolve() for v in links), page
-        assert "pip install ." in "".join(parsed.text), f"{page.name} doesn't say how to install the package"
+        assert 'pip install ".[vision]"' in "".join(parsed.text), f"{page.name} doesn't say how to install it"
     with zipfile.ZipFile(archive) as zf:
         names = set(zf.namelist())
         zf.extractall(tmp_path)
@@ -138,6 +139,10 @@ def test_the_index_and_every_notebook_page_offer_the_whole_set_and_its_install_l
     missing = [n for n in _notebooks() if f"ddp-tutorial/notebooks/{n}.ipynb" not in names]
     assert not missing and "ddp-tutorial/requirements-recorded.txt" in names, missing
     assert not [n for n in names if "__pycache__" in n or n.startswith("ddp-tutorial/tests/")], "stray files"
+    readme = (tmp_path / "ddp-tutorial" / "README.md").read_text()
+    assert readme.startswith("# ddp-tutorial") and 'pip install ".[vision]"' in readme, readme[:300]
+    assert not re.search(r"\bmake \w|pins\.txt|docs/", readme), "the zip's README names what the zip lacks"
+    assert "ddp-tutorial/notebooks/README.md" not in names, "the maintainers' notes on the notebooks"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                            "-q", "-w", str(tmp_path / "wheel"), str(top)], capture_output=True, text=True)
     assert proc.returncode == 0, f"pip can't build the archive's package:\n{proc.stderr[-3000:]}"
