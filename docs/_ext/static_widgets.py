@@ -46,7 +46,7 @@ def _output_html(out: dict) -> str:
     """One stored output of an Output widget: an image, or its text."""
     data = out.get("data", {})
     if "image/png" in data:
-        alt = out.get("metadata", {}).get("image/png", {}).get("alt") or "a figure the panel drew (no description stored)"
+        alt = out.get("metadata", {}).get("image/png", {}).get("alt") or "a figure (no description was stored)"
         return (f'<img class="sw-image" alt="{html.escape(" ".join(alt.split()))}" '
                 f'src="data:image/png;base64,{"".join(data["image/png"]).strip()}">')
     if out.get("output_type") == "stream":

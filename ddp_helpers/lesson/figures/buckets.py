@@ -256,7 +256,8 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Pl
 def _timeline_alt(panels: Dict[str, Sequence[dict]], unit: str) -> str:
     """The timeline in words: its panels, ranks and buckets (no times: they vary by run)."""
     parts = [f"{' '.join(title.split())}: {len(recs)} ranks, "
-             f"{listed(sorted({str(len(r['buckets'])) for r in recs}))} bucket(s) each" for title, recs in panels.items()]
+             f"{listed(sorted({str(len(r['buckets'])) for r in recs}))} bucket(s) each"
+             for title, recs in panels.items()]
     return (f"Timeline of one training iteration on each rank, {len(panels)} panel(s) on one time axis in {unit} "
             f"({'; '.join(parts)}). For each rank a bar shows its forward, its backward computing gradients, and its "
             "backward waiting for the last all-reduces; below it one bar per gradient bucket runs from DDP handing "
