@@ -507,3 +507,18 @@ def test_axe_finds_no_critical_or_serious_node_in_the_projects_own_markup(site, 
     assert len(pages) >= 20, [p.name for p in pages]
     assert not own, f"{len(own)} critical or serious nodes in the project's own markup:\n" + "\n".join(own[:30])
     assert not empty, "table headers without text:\n" + "\n".join(empty[:10])
+
+
+def test_every_figure_in_the_stored_notebooks_says_what_it_shows():
+    """Issue 62: every PNG output carries alt text in its metadata (a Diagram's or a Plot's), which the site puts
+    on the <img>; without it the site's alt text was the image's file path. (Fails until the notebooks whose plots
+    gained alt text are re-executed: make notebooks.)"""
+    import json
+
+    missing = []
+    for name in _notebooks():
+        for number, cell in enumerate(json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]):
+            for out in cell.get("outputs", []):
+                if "image/png" in out.get("data", {}) and not out.get("metadata", {}).get("image/png", {}).get("alt"):
+                    missing.append(f"{name} cell {number}: {''.join(out['data'].get('text/plain', ''))[:50]}")
+    assert not missing, f"{len(missing)} figures without alt text:\n" + "\n".join(missing)
