@@ -72,5 +72,5 @@ def _strip_alt(title: str, labels: Sequence[str], first_row: np.ndarray, shown: 
                ((SHARED_BY_RANKS, "are read by several ranks (padding)"), (OWNED_BY_NONE, "by none"))
                if (first_row == code).any()]
     span = f"sample indices 0 to {shown - 1}" + (f" of {n}" if shown < n else "")
-    return (f"{' '.join(title.split()).rstrip('.:')}. A strip of {span}, one row per label ({listed(list(labels))}), "
+    return (f"{' '.join(title.split()).rstrip('.:')}. A strip of {span}, one row per label ({'; '.join(labels)}), "
             f"each index coloured by the rank that reads it. In {labels[0]}, {listed(counts)}.")
