@@ -522,3 +522,35 @@ def test_every_figure_in_the_stored_notebooks_says_what_it_shows():
                 if "image/png" in out.get("data", {}) and not out.get("metadata", {}).get("image/png", {}).get("alt"):
                     missing.append(f"{name} cell {number}: {''.join(out['data'].get('text/plain', ''))[:50]}")
     assert not missing, f"{len(missing)} figures without alt text:\n" + "\n".join(missing)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_a_figure_opens_at_full_size_from_the_keyboard(site):
+    """Issue 62: tap-to-zoom was a click handler on the image, out of the keyboard's reach. Each figure is now a
+    link: Tab reaches it, and Enter opens the image itself in a new page."""
+    sync_api = _browser_modules()
+    page_path = _figure_page(site)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file://", "data:"))
+                       else route.abort())
+            page.goto(page_path.as_uri(), wait_until="load")
+            links = page.eval_on_selector_all("div.cell_output img", "els => els.map(e => !!e.closest('a[href]'))")
+            assert links and all(links), f"figures that are not links: {links.count(False)} of {len(links)}"
+            for _ in range(400):  # Tab through the page until a figure's link has the focus
+                page.keyboard.press("Tab")
+                if page.evaluate("!!document.activeElement.closest('a.figure-zoom')"):
+                    break
+            else:
+                pytest.fail("Tab never reached a figure")
+            src = page.evaluate("document.activeElement.querySelector('img').src")
+            with page.expect_popup() as opened:
+                page.keyboard.press("Enter")
+            popup = opened.value
+            popup.wait_for_load_state()
+            assert popup.url == src, (popup.url, src)
+        finally:
+            browser.close()
