@@ -78,7 +78,7 @@ def _norms_agree(result: TrainResult, n: int) -> str:
     local = any(not np.array_equal(r.local_grad_norm[:n], first.local_grad_norm[:n]) for r in result.ranks)
     return (("The synchronized norms are equal on every rank at every step, so their lines coincide"
              if synced else "The synchronized norms differ between ranks at some step")
-            + ("; the local norms differ from rank to rank." if local else "; so do the local ones."))
+            + ("; the local norms differ from rank to rank." if local else "; the local norms are equal too."))
 
 
 def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Plot:
