@@ -112,7 +112,7 @@ def test_every_plot_says_what_it_shows_in_the_outputs_metadata_as_a_diagram_does
         "gaps": (plot_loss_gaps({"fp32": [3.0, 2.0], "bf16": [3.0, 2.1]}, "fp32"), ["bf16", "fp32 run dashed"]),
         "buffers": (plot_buffer_sync({"sync on": [same, same]}), ["sync on: every rank's forward receives the same"]),
         "steps": (plot_rank_steps({"Join": [["trained"] * 3, ["trained", "trained", "shadowed"]]}),
-                  ["rank 0: 3 trains on its own batch", "rank 1: 2 trains on its own batch and 1 joined"]),
+                  ["rank 0: trains on its own batch (3)", "rank 1: trains on its own batch (2) and joined (1)"]),
     }
     for name, (fig, phrases) in figures.items():
         assert all(p in fig.alt for p in phrases), f"{name}: {fig.alt}"

@@ -134,9 +134,9 @@ def plot_rank_steps(panels: Dict[str, Sequence[Sequence[str]]]) -> Plot:
 
 
 def _rank_steps_alt(panels: Dict[str, Sequence[Sequence[str]]], n_steps: int) -> str:
-    """Each panel in words: per rank, how many iterations it spent in each state."""
+    """Each panel in words: per rank, what it did and in how many iterations."""
     def rank_words(rank: int, states: Sequence[str]) -> str:
-        counts = [f"{states.count(s)} {STEP_STYLES[s]['label'].split(':')[0]}" for s in STEP_STYLES if s in states]
+        counts = [f"{STEP_STYLES[s]['label'].split(':')[0]} ({states.count(s)})" for s in STEP_STYLES if s in states]
         return f"rank {rank}: {listed(counts)}"
     said = " ".join(f"{' '.join(title.split())}: {'; '.join(rank_words(r, list(st)) for r, st in enumerate(ranks))}."
                     for title, ranks in panels.items())
