@@ -102,7 +102,8 @@ test-floor:
 # The newest torch (CEILING_TORCH: the newest release on PyPI when it was last run), in a venv of its own
 # ($(CEILING_VENV)): the unit tests, then every notebook compared by nbval against its stored outputs, as make
 # test-notebooks runs them (tools/pip_user.py): they hold there too (ddp_helpers/common/recorded.py's CHECKED_TORCH,
-# where warm_up() prints no version line). Not part of make test (a second torch, ~5 GB from PyPI on Linux; ~25 min).
+# where warm_up() prints no version line). Not part of make test (a second torch, ~5 GB from PyPI on Linux; the
+# unit tests took 21 min and the notebooks 7 min on the 2-core VM under load: docs/maintainers.md).
 # First pip is asked whether it can install that torch at all (--dry-run, in the new venv): where it can't (an index
 # without it, a constraints file that caps torch, no network) the target says why and stops with exit status 77
 # (automake's "skipped"): never a pass. Results: docs/maintainers.md, "The torch ceiling".
