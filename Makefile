@@ -5,14 +5,15 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml requirements-recorded.txt | cksum | cut -d' ' -f1)
 OUT    ?= runs/demo
 
-.PHONY: env demo test test-unit test-notebooks test-floor test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth bench-restart faults lab notebooks site clean
+.PHONY: env demo test test-unit test-notebooks test-floor test-ceiling test-browser solutions assignment grade bench bench-allreduce bench-startup bench-launch bench-threads bench-warmth bench-restart faults lab notebooks site clean
 
 env: $(STAMP)
 
 # One virtual environment with the package (editable) and the test tools, on the torch the notebooks were recorded
 # with (-c requirements-recorded.txt: what nbval compares against); re-done when either file changes. pip runs
 # through tools/pip_progress.py: it says what it downloads and how much first, then lists each package it fetches
-# and prints a line each minute pip is otherwise silent (the whole output goes to $(VENV)/install.log).
+# and, every 15 s pip is otherwise quiet, what it is doing and how much so far: the file being fetched and its bytes
+# (pip's --progress-bar raw), or the bytes written into the venv (the whole output goes to $(VENV)/install.log).
 # First the interpreter against requires-python (the venv's own if there is one), so an old Python fails in one line.
 FLOOR = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.toml)
 $(STAMP): pyproject.toml requirements-recorded.txt
@@ -98,6 +99,32 @@ test-floor:
 	[ -z "$$skip" ] || echo "test-floor: no torchvision loads here: the listing's script cells are left out"; \
 	eval PYTHONPATH=tools $(FLOOR_PY) -m pytest -p nbval_ipc --nbval-lax -q -p no:cacheprovider $(XDIST) \
 	    --dist loadfile $$skip $(FLOOR_NBS)
+
+# The newest torch (CEILING_TORCH: the newest release on PyPI when it was last run), in a venv of its own
+# ($(CEILING_VENV)): the unit tests, then every notebook compared by nbval against its stored outputs, as make
+# test-notebooks runs them (tools/pip_user.py): they hold there too (ddp_helpers/common/recorded.py's CHECKED_TORCH,
+# where warm_up() prints no version line). Not part of make test (a second torch, ~5 GB from PyPI on Linux; the
+# unit tests took 21 min and the notebooks 7 min on the 2-core VM under load: docs/maintainers.md).
+# First pip is asked whether it can install that torch at all (--dry-run, in the new venv): where it can't (an index
+# without it, a constraints file that caps torch, no network) the target says why and stops with exit status 77
+# (automake's "skipped"): never a pass. Results: docs/maintainers.md, "The torch ceiling".
+CEILING_TORCH ?= torch==2.15.0
+CEILING_VENV  ?= .venv-ceiling
+CEILING_PY     = $(CEILING_VENV)/bin/python
+test-ceiling:
+	test -x $(CEILING_PY) || $(PYTHON) -m venv $(CEILING_VENV)
+	@$(CEILING_PY) -m pip install --dry-run -q "$(CEILING_TORCH)" > $(CEILING_VENV)/refused.log 2>&1 || { \
+	    echo "test-ceiling: SKIPPED, nothing was run: pip here can't install $(CEILING_TORCH) (exit 77):"; \
+	    grep -m 3 -E "ERROR|[Cc]onstraint|conflict" $(CEILING_VENV)/refused.log || tail -3 $(CEILING_VENV)/refused.log; \
+	    exit 77; }
+	$(CEILING_PY) -m pip install -q --upgrade pip "setuptools>=77" > $(CEILING_VENV)/install.log 2>&1 || \
+	    (tail -20 $(CEILING_VENV)/install.log; exit 1)
+	echo "$(CEILING_TORCH)" > $(CEILING_VENV)/ceiling.txt
+	$(CEILING_PY) tools/pip_progress.py $(CEILING_VENV)/install.log -- install -e ".[test,vision]" -c $(CEILING_VENV)/ceiling.txt
+	$(CEILING_PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	$(CEILING_PY) -c "import torch, torchvision; print('test-ceiling: torch', torch.__version__, 'torchvision', torchvision.__version__)"
+	$(CEILING_PY) -m pytest tests -q $(XDIST) -p no:nbval --ignore=tests/project/test_benchmarks.py
+	$(CEILING_PY) tools/pip_user.py -- -q $(XDIST) --dist loadfile
 
 test-browser: env
 	.ci/install_browser.sh

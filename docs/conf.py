@@ -25,7 +25,7 @@ copyright = "ddp_helpers contributors"  # noqa: A001  (Sphinx's name for it)
 # every notebook page, where the package comes from and the one line that installs it.
 extensions = ["myst_nb", "sphinx_copybutton", "site_notebooks", "static_widgets", "figure_alt", "site_archive"]
 root_doc = "index"
-exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_ext", "**/.ipynb_checkpoints"]  # _ext: the extensions and the archive's README
 nitpicky = True  # an unresolved reference is a warning, and `make site` turns warnings into errors
 
 # The notebooks are stored executed; never run them here (that needs torch, minutes, and ranks).

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import IO, Callable, List, Optional, Sequence
 
+from ..common.extras import install_hint
+
 TICK_S = 1.0  # how often the running line is updated
 
 
@@ -72,10 +74,20 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _raise_for_missing_extra(stderr: str, shown_as: str) -> None:
+    """A program that failed for want of an optional module: one line naming the extra, not its traceback."""
+    hint = install_hint(stderr, shown_as.split(" --", 1)[0])  # the program, without its options
+    if hint is not None:
+        error = ModuleNotFoundError(hint)
+        error.stderr = stderr  # type: ignore[attr-defined]  # the program's own traceback, kept for a reader
+        raise error
+
+
 def run_script(argv: Sequence[str], shown_as: str, timeout_s: float = 600.0,
                on_line: Optional[Callable[[str], None]] = None) -> subprocess.CompletedProcess:
     """Run argv, printing '$ shown_as' and then each line of its stdout as it arrives; its stderr is printed
-    if it fails. Returns what subprocess.run(..., capture_output=True, text=True) would."""
+    if it fails. Returns what subprocess.run(..., capture_output=True, text=True) would. A program that fails for
+    want of an extra's module (torchvision) raises ModuleNotFoundError, whose one line names what to install."""
     show = on_line or (lambda line: print(line, end="", flush=True))
     command = _CommandLine(f"$ {shown_as}")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a pipe is block-buffered: lines would come at the end
@@ -112,5 +124,6 @@ def run_script(argv: Sequence[str], shown_as: str, timeout_s: float = 600.0,
         _stop(proc)  # interrupted or timed out: nothing outlives the cell
         command.done()
     if proc.returncode != 0 and err:
+        _raise_for_missing_extra("".join(err), shown_as)
         print("".join(err).rstrip(), file=sys.stderr)
     return subprocess.CompletedProcess(list(argv), proc.returncode, "".join(out), "".join(err))

@@ -64,10 +64,13 @@ def _figure_output(fig: Any) -> Dict[str, Any]:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=150)
     w, h = fig.get_size_inches()
-    # Drawn at 150 dpi for sharpness, shown at 100 px per inch so the panel keeps its size on screen.
-    return {"output_type": "display_data", "metadata": {"image/png": {"width": round(w * 100)}},
+    # Drawn at 150 dpi for sharpness, shown at 100 px per inch so the panel keeps its size on screen. A Plot's alt
+    # text goes with it, as a Plot shown in a cell carries it (the site's static snapshot puts it on the <img>).
+    alt = getattr(fig, "alt", "")
+    shown = {"width": round(w * 100), **({"alt": alt} if alt else {})}
+    return {"output_type": "display_data", "metadata": {"image/png": shown},
             "data": {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
-                     "text/plain": f"<Figure size {w * 100:.0f}x{h * 100:.0f}>"}}
+                     "text/plain": alt or f"<Figure size {w * 100:.0f}x{h * 100:.0f}>"}}
 
 
 class ControlPanel:

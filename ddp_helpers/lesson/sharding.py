@@ -7,9 +7,8 @@ from typing import Dict, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
-from .figures.style import rank_color
+from .figures.style import Plot, listed, rank_color
 
 PARTS = ("parameters", "gradients", "optimizer state")
 
@@ -39,7 +38,7 @@ def rank_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict
 
 
 def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, int]]]],
-                    total: Mapping[str, int]) -> Figure:
+                    total: Mapping[str, int]) -> Plot:
     """One panel per part: for each world size W, one bar per method side by side (its largest rank's bytes, the
     fraction of one full copy written on it), a tick at its smallest rank's, and total / W as a dotted line.
 
@@ -51,7 +50,7 @@ def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, in
         raise ValueError("plot_rank_bytes needs {method: {world_size: [rank_bytes(...) per rank]}}")
     sizes = sorted({w for runs in per_rank.values() for w in runs})
     width = 0.8 / len(per_rank)
-    fig = Figure(figsize=(6.4, 2.3 * len(PARTS) + 1.0), layout="constrained", dpi=150)
+    fig = Plot(figsize=(6.4, 2.3 * len(PARTS) + 1.0), layout="constrained", dpi=150)
     axes = fig.subplots(len(PARTS), 1, sharey=True)  # stacked: each panel reads at a phone's width
     for ax, part in zip(axes, PARTS):
         for i, (method, runs) in enumerate(per_rank.items()):
@@ -77,4 +76,16 @@ def plot_rank_bytes(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, in
                ncols=3, fontsize=9, frameon=False)
     fig.suptitle("what one rank holds: the largest rank (bar, with its fraction\nof one full copy), the smallest "
                  "(tick)", fontsize=10)
-    return fig
+    return fig.describe(_rank_bytes_alt(per_rank, total, sizes))
+
+
+def _rank_bytes_alt(per_rank: Mapping[str, Mapping[int, Sequence[Mapping[str, int]]]], total: Mapping[str, int],
+                    sizes: Sequence[int]) -> str:
+    """The bars in words: at the largest world size, each method's largest rank's fraction of one full copy."""
+    w = sizes[-1]
+    said = "; ".join(f"{part}: " + ", ".join(f"{method} {max(r[part] for r in runs[w]) / total[part]:.2g}"
+                                             for method, runs in per_rank.items() if w in runs) for part in PARTS)
+    return (f"Three stacked bar charts ({listed(list(PARTS))}) of the megabytes one rank holds at "
+            f"{listed([f'W = {s}' for s in sizes])}: one bar per method ({listed(list(per_rank))}) for its largest "
+            f"rank, labelled with its fraction of one full copy, a tick for its smallest rank, and total / W "
+            f"dotted. At W = {w}, the largest rank's fraction of one full copy is {said}.")

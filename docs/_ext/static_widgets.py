@@ -46,7 +46,9 @@ def _output_html(out: dict) -> str:
     """One stored output of an Output widget: an image, or its text."""
     data = out.get("data", {})
     if "image/png" in data:
-        return f'<img class="sw-image" alt="figure" src="data:image/png;base64,{"".join(data["image/png"]).strip()}">'
+        alt = out.get("metadata", {}).get("image/png", {}).get("alt") or "a figure (no description was stored)"
+        return (f'<img class="sw-image" alt="{html.escape(" ".join(alt.split()))}" '
+                f'src="data:image/png;base64,{"".join(data["image/png"]).strip()}">')
     if out.get("output_type") == "stream":
         return f'<pre class="sw-text">{html.escape("".join(out.get("text", "")))}</pre>'
     if "text/plain" in data:
@@ -54,6 +56,12 @@ def _output_html(out: dict) -> str:
     if out.get("output_type") == "error":
         return f'<pre class="sw-text">{html.escape(out.get("ename", ""))}: {html.escape(out.get("evalue", ""))}</pre>'
     return ""
+
+
+def _name(name: str, s: dict) -> str:
+    """A control's accessible name: its description, else its tooltip or placeholder, else what kind it is."""
+    text = s.get("description") or s.get("tooltip") or s.get("description_tooltip") or s.get("placeholder")
+    return html.escape(str(text or name.replace("Model", "").lower()), quote=True)
 
 
 def render_widget(models: Dict[str, dict], model_id: str) -> str:
@@ -73,7 +81,7 @@ def render_widget(models: Dict[str, dict], model_id: str) -> str:
         lo, hi, value = s.get("min", 0), s.get("max", 100), s.get("value", 0)
         colour = _BAR_COLOURS.get(s.get("bar_style") or "", _BAR_COLOURS[""])
         return (f'<div class="sw-row">{desc}<progress class="sw-progress" style="accent-color:{colour}" '
-                f'max="{hi - lo}" value="{value - lo}">{value}/{hi}</progress></div>')
+                f'aria-label="{_name(name, s)}" max="{hi - lo}" value="{value - lo}">{value}/{hi}</progress></div>')
     if name in ("ButtonModel", "ToggleButtonModel"):
         return (f'<button class="sw-button sw-{html.escape(s.get("button_style") or "default")}" disabled '
                 f'title="a snapshot: run the notebook to use it">{html.escape(s.get("description", ""))}</button>')
@@ -81,10 +89,13 @@ def render_widget(models: Dict[str, dict], model_id: str) -> str:
         labels, index = s.get("_options_labels", []), s.get("index")
         opts = "".join(f'<option{" selected" if i == index else ""}>{html.escape(str(t))}</option>'
                        for i, t in enumerate(labels))
-        return f'<div class="sw-row">{desc}<select class="sw-input" disabled>{opts}</select></div>'
+        return (f'<div class="sw-row">{desc}<select class="sw-input" aria-label="{_name(name, s)}" disabled>'
+                f'{opts}</select></div>')
     if name.endswith("TextModel") or name.endswith("SliderModel") or name == "CheckboxModel":
         value = html.escape(str(s.get("value", "")))
-        return f'<div class="sw-row">{desc}<input class="sw-input" disabled value="{value}"></div>'
+        kind = ' type="checkbox"' + (" checked" if s.get("value") else "") if name == "CheckboxModel" else ""
+        return (f'<div class="sw-row">{desc}<input class="sw-input"{kind} aria-label="{_name(name, s)}" disabled '
+                f'value="{value}"></div>')
     if name == "OutputModel":
         return f'<div class="sw-output">{"".join(_output_html(o) for o in s.get("outputs", []))}</div>'
     return f'<div class="sw-unknown">[{html.escape(name or "missing widget")}]</div>'

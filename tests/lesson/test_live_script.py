@@ -56,6 +56,35 @@ def test_a_failing_program_shows_its_stderr(capsys):
     assert captured.out == "$ x\npartial\n" and captured.err == "it broke\n"
 
 
+# The listing's script where torchvision isn't installed: its import fails as it would there.
+WITHOUT_TORCHVISION = ("import sys; sys.path = [p for p in sys.path if 'site-packages' not in p]; "
+                       "import torchvision")
+
+
+def test_a_program_missing_torchvision_names_the_extra_in_one_line(capsys):
+    """Issue 62: the listing's script cell failed with a bare AssertionError wrapping torchvision's ImportError."""
+    with pytest.raises(ModuleNotFoundError) as raised:
+        run_script([sys.executable, "-c", WITHOUT_TORCHVISION],
+                   shown_as="python examples/ddp_mnist.py --data-root <the folder>")
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith("python examples/ddp_mnist.py needs torchvision"), line
+    assert 'pip install ".[vision]"' in line and "vision extra" in line, line
+    assert "No module named 'torchvision'" in raised.value.stderr, "the program's own error is kept"
+    assert "Traceback" not in capsys.readouterr().err, "the one line replaces the program's traceback"
+
+
+def test_a_torchvision_built_for_another_torch_names_the_paired_build(monkeypatch):
+    from ddp_helpers.common import extras
+
+    monkeypatch.setattr(extras, "_version", {"torch": "2.13.0+cpu", "torchvision": "0.28.0"}.get)
+    foreign = "raise RuntimeError('operator torchvision::nms does not exist')"
+    with pytest.raises(ModuleNotFoundError, match=r"torchvision 0\.28\.0 doesn't load beside torch 2\.13\.0\+cpu .*"
+                       r"pip install torchvision==0\.28\.0\+cpu --index-url https://download\.pytorch\.org/whl/cpu"):
+        run_script([sys.executable, "-c", foreign], shown_as="python examples/ddp_mnist.py")
+    assert extras.paired_install("2.15.0") == "pip install torchvision==0.29.2"
+    assert "released with torch 9.9.9" in extras.paired_install("9.9.9+cpu")
+
+
 def _left_running(token: str) -> list:
     """Processes (not zombies) whose command line holds token: what a run left behind."""
     import psutil

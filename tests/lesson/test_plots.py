@@ -74,3 +74,50 @@ def test_gradient_pairs_put_rank_0_across_and_rank_1_up_before_and_after_the_all
     (points,) = after.collections
     xy = np.asarray(points.get_offsets())
     assert np.array_equal(xy[:, 0], xy[:, 1])  # synchronized: every point on the diagonal
+
+
+def _shown(fig, inline: bool):
+    """What IPython's display sends for fig: (data, metadata); inline: with a Figure PNG printer registered, as
+    matplotlib's inline backend registers one in a Jupyter kernel (it outranks a bundle's own PNG)."""
+    from IPython.core.formatters import DisplayFormatter
+    from matplotlib.figure import Figure
+
+    formatter = DisplayFormatter()
+    if inline:
+        formatter.formatters["image/png"].for_type(Figure, lambda f: b"inline PNG")
+    return formatter.format(fig)
+
+
+def test_every_plot_says_what_it_shows_in_the_outputs_metadata_as_a_diagram_does(small_run):
+    """Issue 62: 20 of the site's figures had their file path as alt text. A plot function's figure now carries
+    alt text (in the output's metadata, which the site puts on the <img>, and as its text/plain) that names the
+    chart and its series and states what the data show, checked against the data."""
+    from ddp_helpers.lesson.figures.buffers import plot_buffer_sync
+    from ddp_helpers.lesson.figures.training import (plot_fingerprints, plot_grad_norms, plot_gradient_pairs,
+                                                     plot_loss_curves, plot_loss_gaps, plot_losses)
+    from ddp_helpers.lesson.figures.uneven_inputs import plot_rank_steps
+
+    local = np.array([[1.0, 2.0, 3.0], [3.0, 0.0, 1.0]])
+    same = {"at_entry": np.zeros((3, 1)), "after_step": np.ones((3, 1))}
+    figures = {
+        "losses": (plot_losses(small_run), ["Line chart", "cross-entropy loss", "ranks 0 and 1"]),
+        "norms": (plot_grad_norms(small_run), ["synchronized norms are equal on every rank at every step"]),
+        "fingerprints": (plot_fingerprints(small_run), ["Every cell is green"]),
+        "pairs": (plot_gradient_pairs(local, np.tile(local.mean(axis=0), (2, 1))),
+                  ["Left, the local gradients before the all-reduce: points off the diagonal",
+                   "after the all-reduce: every point on the diagonal"]),
+        "strip": (plot_shard_strip({"e0": [[0, 2, 4], [1, 3, 5]]}, 6), ["rank 0 reads 3 and rank 1 reads 3"]),
+        "curves": (plot_loss_curves({"W=1": {"loss": [3.0, 2.0], "global_batch": 64}}, title="Batch"),
+                   ["Batch.", "W=1 (global batch 64, 2 steps)"]),
+        "gaps": (plot_loss_gaps({"fp32": [3.0, 2.0], "bf16": [3.0, 2.1]}, "fp32"), ["bf16", "fp32 run dashed"]),
+        "buffers": (plot_buffer_sync({"sync on": [same, same]}), ["sync on: every rank's forward receives the same"]),
+        "steps": (plot_rank_steps({"Join": [["trained"] * 3, ["trained", "trained", "shadowed"]]}),
+                  ["rank 0: trains on its own batch (3)", "rank 1: trains on its own batch (2) and joined (1)"]),
+    }
+    for name, (fig, phrases) in figures.items():
+        assert all(p in fig.alt for p in phrases), f"{name}: {fig.alt}"
+        assert fig.axes, "still a matplotlib Figure"
+        for inline in (False, True):
+            data, metadata = _shown(fig, inline)
+            assert metadata["image/png"]["alt"] == fig.alt and data["text/plain"] == fig.alt, (name, inline)
+            assert data["image/png"] == b"inline PNG" if inline else data["image/png"].startswith(b"\x89PNG")

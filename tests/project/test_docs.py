@@ -124,3 +124,11 @@ def test_module_map_lists_no_module_that_is_gone():
             for name in re.findall(r"^\| `([a-z_]+\.py)` \|", section, re.M)
             if not (PACKAGE / folder / name).is_file()]
     assert not gone, "docs/architecture.md describes modules that no longer exist: " + ", ".join(gone)
+
+
+def test_the_readmes_first_screen_gives_the_two_commands_what_they_download_how_long_and_where_next():
+    """Issue 62: the first screen hid the ~6 GB install and every duration. Its first 25 lines (a screen) hold
+    the two commands, the download's size, durations, and the next step."""
+    first = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:25])
+    for needed in ("make demo", "make test", "4.5 GB", "minutes", "make lab", "00_core_path.ipynb"):
+        assert needed in first, f"the README's first screen doesn't say {needed!r}"

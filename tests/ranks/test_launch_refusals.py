@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import re
 import subprocess
 import sys
 import types
@@ -68,6 +69,9 @@ def test_spawn_from_a_program_on_stdin_is_refused_before_anything_starts(monkeyp
     assert not loaded  # refused before the data set is loaded, not after a failed launch
 
 
+NANOBIND_EXIT_REPORT = re.compile(r"^(nanobind: |\s*- (leaked |\.\.\. skipped)|See https://nanobind\.)")
+
+
 @pytest.mark.slow
 def test_a_script_without_main_guard_gets_the_idiom_in_the_error(tmp_path):
     """Under spawn each rank re-imports the script; unguarded, it tries to launch again and dies before training.
@@ -78,6 +82,9 @@ def test_a_script_without_main_guard_gets_the_idiom_in_the_error(tmp_path):
     p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                        timeout=180)
     assert p.returncode != 0
-    last = p.stderr.strip().splitlines()[-1]
+    # torch 2.15's CUDA build loads triton, whose nanobind extension lists the objects it leaked when an interpreter
+    # ends after an uncaught exception ("nanobind: leaked 4 instances!", then one line each): after our error line.
+    lines = [line for line in p.stderr.strip().splitlines() if not NANOBIND_EXIT_REPORT.match(line)]
+    last = lines[-1]
     assert "RankFailedError" in last and "before it reached the training function" in last, p.stderr[-3000:]
     assert 'if __name__ == "__main__":' in last

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from .labels import label_spans, merge_spans
-from .style import BUCKET_COLORS, DPI, Diagram
+from .style import BUCKET_COLORS, DPI, Diagram, Plot, listed
 
 
 SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backward's colour in these diagrams
@@ -197,7 +197,7 @@ def _timeline_legend(fig: Figure) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
 
 
-def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Figure:
+def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Plot:
     """One Gantt chart per panel (title -> one Timeline record per rank): compute above, one lane per bucket below.
 
     For each rank: forward (light grey), backward up to the last bucket's hand-over, i.e. computing gradients
@@ -214,7 +214,7 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
         raise ValueError("plot_timeline: every panel needs one record per rank, got an empty list")
     # Each rank: a compute row, one lane per bucket, a gap; each panel as tall as its lanes need.
     heights = [len(recs) * (1.4 + 0.45 * max(len(r["buckets"]) for r in recs)) for recs in panels.values()]
-    fig = Figure(figsize=(7.5, 1.5 + 0.32 * sum(heights) + 0.5 * len(panels)), layout="constrained", dpi=DPI)
+    fig = Plot(figsize=(7.5, 1.5 + 0.32 * sum(heights) + 0.5 * len(panels)), layout="constrained", dpi=DPI)
     axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True, gridspec_kw={"height_ratios": heights})[:, 0]
     for ax, (title, records) in zip(axes, panels.items()):
         rank_h = 1.4 + 0.45 * max(len(r["buckets"]) for r in records)
@@ -250,4 +250,16 @@ def plot_timeline(panels: Dict[str, Sequence[dict]], unit_ms: bool = True) -> Fi
         ax.xaxis.set_tick_params(labelbottom=True)  # sharex hides the upper panels' tick labels; keep them
         ax.grid(axis="x", alpha=0.3)
     _timeline_legend(fig)
-    return fig
+    return fig.describe(_timeline_alt(panels, "ms" if unit_ms else "s"))
+
+
+def _timeline_alt(panels: Dict[str, Sequence[dict]], unit: str) -> str:
+    """The timeline in words: its panels, ranks and buckets (no times: they vary by run)."""
+    parts = [f"{' '.join(title.split())}: {len(recs)} ranks, "
+             f"{listed(sorted({str(len(r['buckets'])) for r in recs}))} bucket(s) each"
+             for title, recs in panels.items()]
+    return (f"Timeline of one training iteration on each rank, {len(panels)} panel(s) on one time axis in {unit} "
+            f"({'; '.join(parts)}). For each rank a bar shows its forward, its backward computing gradients, and its "
+            "backward waiting for the last all-reduces; below it one bar per gradient bucket runs from DDP handing "
+            "the bucket to the communication hook to its all-reduce finishing, and a black line marks where the "
+            "rank's backward() returned.")

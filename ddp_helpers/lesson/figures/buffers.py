@@ -7,10 +7,9 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .style import DPI, rank_color
+from .style import DPI, Plot, listed, rank_color
 
 
 def _sawtooth(at_entry: np.ndarray, after_step: np.ndarray) -> tuple:
@@ -22,7 +21,7 @@ def _sawtooth(at_entry: np.ndarray, after_step: np.ndarray) -> tuple:
 
 
 def plot_buffer_sync(panels: Dict[str, Sequence[Mapping]], channel: int = 0,
-                     reference: Optional[Dict[str, Sequence[float]]] = None) -> Figure:
+                     reference: Optional[Dict[str, Sequence[float]]] = None) -> Plot:
     """One panel per setting (title -> one record per rank): a BatchNorm running-mean channel, step by step.
 
     A record holds "at_entry" and "after_step", arrays [step, channel]: the running mean as BatchNorm received
@@ -41,7 +40,7 @@ def plot_buffer_sync(panels: Dict[str, Sequence[Mapping]], channel: int = 0,
             if np.shape(rec["at_entry"]) != np.shape(rec["after_step"]):
                 raise ValueError(f"plot_buffer_sync: panel {title!r}, rank {rank}: at_entry and after_step differ "
                                  f"in shape ({np.shape(rec['at_entry'])} vs {np.shape(rec['after_step'])})")
-    fig = Figure(figsize=(10, 3.6), layout="constrained", dpi=DPI)
+    fig = Plot(figsize=(10, 3.6), layout="constrained", dpi=DPI)
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
     for ax, (title, records) in zip(axes, panels.items()):
         for rank, rec in enumerate(records):
@@ -63,4 +62,19 @@ def plot_buffer_sync(panels: Dict[str, Sequence[Mapping]], channel: int = 0,
                        label="as BatchNorm receives it in the step's forward"),
                 Line2D([], [], ls="none", marker="o", ms=3, color="black", label="after the step")]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
-    return fig
+    return fig.describe(_buffer_alt(panels, channel, reference))
+
+
+def _buffer_alt(panels: Dict[str, Sequence[Mapping]], channel: int,
+                reference: Optional[Dict[str, Sequence[float]]]) -> str:
+    """The panels in words: per setting, whether every rank's forward received the same running mean."""
+    def agreement(records: Sequence[Mapping]) -> str:
+        entries = [np.asarray(rec["at_entry"])[:, channel] for rec in records]
+        same = all(np.array_equal(e, entries[0]) for e in entries)
+        return "every rank's forward receives the same value" if same else "each rank's forward receives its own value"
+    steps = max(len(rec["after_step"]) for records in panels.values() for rec in records)
+    said = "; ".join(f"{' '.join(title.split())}: {agreement(records)}" for title, records in panels.items())
+    dashed = " A dashed line is the value on the global batch." if reference else ""
+    return (f"{len(panels)} line chart(s), one per setting ({listed([' '.join(t.split()) for t in panels])}), of "
+            f"BatchNorm's running_mean[{channel}] on each rank over {steps} steps: a hollow marker where the step's "
+            f"forward receives it, a filled one after the step. {said}.{dashed}")

@@ -8,10 +8,9 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 from matplotlib.colors import BoundaryNorm, ListedColormap
-from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .style import rank_color
+from .style import Plot, listed, rank_color
 
 
 # Owner codes in plot_shard_strip's image: a rank number, or one of these two.
@@ -36,7 +35,7 @@ def shard_owners(indices_by_rank: Sequence[Sequence[int]], n: int) -> np.ndarray
 
 
 def plot_shard_strip(epochs: Dict[str, Sequence[Sequence[int]]], n: int, first: Optional[int] = None,
-                     title: str = "Which rank reads each sample") -> Figure:
+                     title: str = "Which rank reads each sample") -> Plot:
     """One row per epoch (label -> each rank's indices), one cell per sample index, coloured by the owning rank."""
     shown = n if first is None else min(first, n)
     rows = [shard_owners(by_rank, n)[:shown] for by_rank in epochs.values()]
@@ -44,7 +43,7 @@ def plot_shard_strip(epochs: Dict[str, Sequence[Sequence[int]]], n: int, first: 
     img = np.array(rows)
     # Colour table indexed by owner code + 2: none (white), several ranks (grey), then rank 0, 1, ...
     colors = ["white", "#9e9e9e"] + [rank_color(r) for r in range(world_size)]
-    fig = Figure(figsize=(7, 0.9 + 0.38 * len(rows)), dpi=150, layout="constrained")
+    fig = Plot(figsize=(7, 0.9 + 0.38 * len(rows)), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(img, aspect="auto", interpolation="nearest", cmap=ListedColormap(colors),
               norm=BoundaryNorm(np.arange(-2.5, world_size), len(colors)),
@@ -63,4 +62,15 @@ def plot_shard_strip(epochs: Dict[str, Sequence[Sequence[int]]], n: int, first: 
     if (img == OWNED_BY_NONE).any():
         legend.append(Patch(facecolor="white", edgecolor="black", label="no rank"))
     fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize=8, frameon=False)
-    return fig
+    return fig.describe(_strip_alt(title, list(epochs), rows[0], shown, n, world_size))
+
+
+def _strip_alt(title: str, labels: Sequence[str], first_row: np.ndarray, shown: int, n: int, world_size: int) -> str:
+    """The strip in words: its rows and colours, and how many of the shown samples each rank reads in the first."""
+    counts = [f"rank {r} reads {int((first_row == r).sum())}" for r in range(world_size)]
+    counts += [f"{int((first_row == code).sum())} {words}" for code, words in
+               ((SHARED_BY_RANKS, "are read by several ranks (padding)"), (OWNED_BY_NONE, "by none"))
+               if (first_row == code).any()]
+    span = f"sample indices 0 to {shown - 1}" + (f" of {n}" if shown < n else "")
+    return (f"{' '.join(title.split()).rstrip('.:')}. A strip of {span}, one row per label ({'; '.join(labels)}), "
+            f"each index coloured by the rank that reads it. In {labels[0]}, {listed(counts)}.")

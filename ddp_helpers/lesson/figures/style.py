@@ -1,15 +1,15 @@
 """What every figure shares: the rank colours, the Diagram (a figure with its alt text) and its DPI,
-the bucket colours, a moving average.
+the Plot (a matplotlib Figure with its alt text), the bucket colours, a moving average.
 
-A Diagram shows as a PNG in Jupyter; its alt text travels with it, in the output's metadata
+A Diagram or a Plot shows as a PNG in Jupyter; its alt text travels with it, in the output's metadata
 ({"image/png": {"alt": ...}}, which the site's docs/_ext/figure_alt.py puts on the <img>) and as its
 text/plain, what a reader without the image gets (and what nbval compares, so alt text says nothing
-that varies by run).
+that varies by run: no timing, no float that the CPU's kernels could move).
 """
 from __future__ import annotations
 
 import io
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -44,9 +44,7 @@ class Diagram:
 
     def png(self) -> bytes:
         """The figure as PNG bytes (no software version inside, so an unchanged figure gives the same bytes)."""
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=self.figure.dpi, bbox_inches="tight", metadata={"Software": None})
-        return buf.getvalue()
+        return figure_png(self.figure)
 
     def _repr_png_(self) -> Tuple[bytes, Dict[str, str]]:
         return self.png(), {"alt": self.alt}
@@ -60,6 +58,47 @@ class Diagram:
     def savefig(self, *args: Any, **kwargs: Any) -> None:
         """Save the figure (matplotlib's Figure.savefig)."""
         self.figure.savefig(*args, **kwargs)
+
+
+def figure_png(figure: Figure) -> bytes:
+    """A figure as PNG bytes at its own DPI, cropped to what is drawn, with no software version inside."""
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=figure.dpi, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+class Plot(Figure):
+    """A matplotlib Figure that says what it shows: the package's plot functions return one, described by
+    `describe(alt)`. Still a Figure (its axes, savefig); in Jupyter its PNG goes with the alt text, as a Diagram's.
+    """
+
+    alt = ""
+
+    def describe(self, alt: str) -> "Plot":
+        """Set the alt text (one to three sentences: the chart, its axes and series, what it shows); self."""
+        if not alt or not alt.strip():
+            raise ValueError("a Plot needs alt text: one to three sentences saying what the figure shows")
+        self.alt = " ".join(alt.split())
+        return self
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        # IPython's inline backend may draw the PNG itself (its Figure formatter outranks a bundle's PNG); the
+        # metadata and the text/plain given here stay either way.
+        return {"image/png": figure_png(self), "text/plain": self.alt}, {"image/png": {"alt": self.alt}}
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """'rank 0', 'ranks 0 and 1', 'ranks 0, 1 and 2'."""
+    ranks = list(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def listed(words: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
 
 
 BUCKET_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",

@@ -9,16 +9,15 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ...engine.result import TrainResult
-from .style import DPI, moving_average, rank_color
+from .style import DPI, Plot, listed, moving_average, rank_color, ranks_text
 
 
-def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None, smooth: int = 1) -> Figure:
+def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None, smooth: int = 1) -> Plot:
     """Each rank's loss per step (different data, so different curves), optionally with a one-process reference."""
-    fig = Figure(figsize=(7, 3.6), dpi=150, layout="constrained")
+    fig = Plot(figsize=(7, 3.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     for r in result.ranks:
         y = moving_average(r.loss, smooth)
@@ -33,12 +32,18 @@ def plot_losses(result: TrainResult, reference_loss: Optional[np.ndarray] = None
     ax.set_title(f"Per-rank loss ({result.dataset}, {result.world_size} ranks)")
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3)
-    return fig
+    mean = f", each point the mean of {smooth} steps" if smooth > 1 else ""
+    reference = (" A dashed black line is one process training on the global batch, for comparison."
+                 if reference_loss is not None else "")
+    return fig.describe(
+        f"Line chart of the cross-entropy loss at each of {result.n_steps} optimizer steps ({result.dataset}, "
+        f"{result.world_size} ranks{mean}): one line per rank, {ranks_text([r.rank for r in result.ranks])}, "
+        f"each computed on that rank's own shard of the data.{reference}")
 
 
-def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Figure:
+def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Plot:
     """Local gradient norms differ by rank; after the all-reduce every rank holds the same gradient."""
-    fig = Figure(figsize=(7, 3.6), dpi=150, layout="constrained")
+    fig = Plot(figsize=(7, 3.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     n = result.n_steps if max_steps is None else min(max_steps, result.n_steps)
     for r in result.ranks:
@@ -53,10 +58,30 @@ def plot_grad_norms(result: TrainResult, max_steps: Optional[int] = None) -> Fig
     ax.set_title("Local vs synchronized gradient norms")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
-    return fig
+    return fig.describe(
+        f"Line chart of the gradient's L2 norm at each of {n} optimizer steps, {result.world_size} ranks: each "
+        "rank's local norm before the all-reduce (thin coloured lines) and its synchronized norm after it (rank "
+        f"0 thick black, the others dotted over it). {_norms_agree(result, n)}")
 
 
-def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
+def _titled(title: Optional[str]) -> str:
+    """A figure's title as the alt text's first sentence ('' without one)."""
+    return f"{' '.join(title.split()).rstrip('.:')}. " if title else ""
+
+
+def _norms_agree(result: TrainResult, n: int) -> str:
+    """In words: whether the ranks' synchronized norms are equal at every step, and their local ones differ."""
+    if len(result.ranks) < 2:
+        return "With one rank, local and synchronized are the same gradient."
+    first = result.ranks[0]
+    synced = all(np.array_equal(r.synced_grad_norm[:n], first.synced_grad_norm[:n]) for r in result.ranks)
+    local = any(not np.array_equal(r.local_grad_norm[:n], first.local_grad_norm[:n]) for r in result.ranks)
+    return (("The synchronized norms are equal on every rank at every step, so their lines coincide"
+             if synced else "The synchronized norms differ between ranks at some step")
+            + ("; the local norms differ from rank to rank." if local else "; the local norms are equal too."))
+
+
+def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Plot:
     """After every step each rank's parameter fingerprint, side by side: one value per column, a new one per step.
 
     Top: the first `max_steps` steps, each cell showing the rank's fingerprint (first 6 hex digits), green where
@@ -65,7 +90,7 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
     """
     n, w = min(max_steps, result.n_steps), result.world_size
     ref = result.ranks[0].param_fingerprint
-    fig = Figure(figsize=(7.5, 1.9 + 0.42 * w), dpi=150, layout="constrained")
+    fig = Plot(figsize=(7.5, 1.9 + 0.42 * w), dpi=150, layout="constrained")
     ax, ax2 = fig.subplots(2, 1, height_ratios=[max(w, 1), 1.5])
     same = np.array([[r.param_fingerprint[i] == ref[i] for i in range(n)] for r in result.ranks], dtype=float)
     ax.imshow(same.reshape(w, n), cmap=ListedColormap(["#f4a6a6", "#c7e9c0"]), vmin=0, vmax=1, aspect="auto")
@@ -88,7 +113,7 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
         ax2.axis("off")
         ax2.text(0.5, 0.5, f"all {result.n_steps} steps: every rank's fingerprint equals rank 0's (no step differs)",
                  ha="center", va="center", fontsize=9, transform=ax2.transAxes)
-        return fig
+        return fig.describe(_fingerprints_alt(n, result, 0))
     ax2.step(steps[:result.n_steps], differing, where="mid", color="black", lw=1.2)
     ax2.set_ylim(-0.3, max(w - 1, 1) + 0.3)
     ax2.set_yticks(range(max(w - 1, 1) + 1))
@@ -96,20 +121,30 @@ def plot_fingerprints(result: TrainResult, max_steps: int = 10) -> Figure:
     ax2.set_xlabel(f"optimizer step (all {result.n_steps} steps)")
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.grid(alpha=0.3)
-    return fig
+    return fig.describe(_fingerprints_alt(n, result, sum(d > 0 for d in differing)))
 
 
-def plot_captured_grads(result: TrainResult, step: int = 0, max_points: int = 2000) -> Figure:
+def _fingerprints_alt(n: int, result: TrainResult, steps_differing: int) -> str:
+    grid = (f"Grid of each rank's parameter fingerprint after each of the first {n} optimizer steps, one row per "
+            f"rank ({ranks_text([r.rank for r in result.ranks])}), green where it equals rank 0's, red where not. ")
+    if not steps_differing:
+        return grid + (f"Every cell is green: after all {result.n_steps} steps every rank's parameters equal rank "
+                       "0's, bit for bit.")
+    return grid + (f"In {steps_differing} of {result.n_steps} steps at least one rank's parameters differ from rank "
+                   "0's; a line below counts the ranks that differ at each step.")
+
+
+def plot_captured_grads(result: TrainResult, step: int = 0, max_points: int = 2000) -> Plot:
     """Scatter of rank 0's vs rank 1's gradient entries at one step, before and after the all-reduce."""
     cap = result.captured_grads[step]
     return plot_gradient_pairs(cap["local"], cap["synced"], step, max_points)
 
 
-def plot_gradient_pairs(local: np.ndarray, synced: np.ndarray, step: int = 0, max_points: int = 2000) -> Figure:
+def plot_gradient_pairs(local: np.ndarray, synced: np.ndarray, step: int = 0, max_points: int = 2000) -> Plot:
     """Scatter of rank 0's vs rank 1's gradient entries, before (local) and after (synced) the all-reduce; each
     array holds one row per rank."""
     local, synced = np.asarray(local), np.asarray(synced)
-    fig = Figure(figsize=(7, 3.4), dpi=150, layout="constrained")
+    fig = Plot(figsize=(7, 3.4), dpi=150, layout="constrained")
     a1, a2 = fig.subplots(1, 2, sharex=True, sharey=True)
     m = min(max_points, local.shape[1])
     sel = np.linspace(0, local.shape[1] - 1, m).astype(int)
@@ -123,10 +158,16 @@ def plot_gradient_pairs(local: np.ndarray, synced: np.ndarray, step: int = 0, ma
         a.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls="--")
         a.set_xlabel("rank 0 entry")
     a1.set_ylabel(f"rank {other} entry")
-    return fig
+    def where(pair: np.ndarray) -> str:
+        return ("every point on the diagonal: both ranks hold the same values" if np.array_equal(pair[0], pair[other])
+                else "points off the diagonal: the ranks' values differ")
+    return fig.describe(
+        f"Two scatter plots of {m} gradient entries at step {step}, rank 0's value across and rank {other}'s up, "
+        f"with a dashed diagonal. Left, the local gradients before the all-reduce: {where(local)}. Right, after "
+        f"the all-reduce: {where(synced)}.")
 
 
-def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[str] = None) -> Figure:
+def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[str] = None) -> Plot:
     """Loss against optimizer steps (left) and samples seen (right); curves: label -> {"loss", "global_batch"}.
 
     A curve may also give "color" and "ls" (line style); smooth > 1 plots a running mean over that many steps.
@@ -138,7 +179,7 @@ def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[s
         if missing:
             raise ValueError(f"plot_loss_curves: curve {label!r} has no {missing}; give each curve its per-step "
                              "'loss' list and its 'global_batch' (samples per optimizer step, all ranks together)")
-    fig = Figure(figsize=(9, 3.4), layout="constrained", dpi=DPI)
+    fig = Plot(figsize=(9, 3.4), layout="constrained", dpi=DPI)
     ax_steps, ax_samples = fig.subplots(1, 2, sharey=True)
     for i, (label, c) in enumerate(curves.items()):
         loss = moving_average(np.asarray(c["loss"], dtype=float), smooth)
@@ -155,10 +196,15 @@ def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[s
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    return fig
+    runs = listed([f"{label} (global batch {int(c['global_batch'])}, {len(c['loss'])} steps)"
+                   for label, c in curves.items()])
+    mean = f", each point the mean of {smooth} steps" if smooth > 1 else ""
+    return fig.describe(
+        _titled(title) + f"Two line charts of the training loss{mean}, one line per run: "
+        f"{runs}. Left, against optimizer steps; right, against samples seen (steps times the global batch).")
 
 
-def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Optional[str] = None) -> Figure:
+def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Optional[str] = None) -> Plot:
     """Top: each run's loss per step (the reference on top, black dashed with markers); below: each other run's
     loss minus the reference run's, per step.
 
@@ -169,7 +215,7 @@ def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Op
         raise ValueError(f"plot_loss_gaps needs the reference run {reference!r} and at least one other: "
                          f"{{label: per-step losses}}, got {list(losses)}")
     ref = np.asarray(losses[reference], dtype=float)
-    fig = Figure(figsize=(6.4, 6.4), layout="constrained", dpi=DPI)  # stacked: reads on a phone
+    fig = Plot(figsize=(6.4, 6.4), layout="constrained", dpi=DPI)  # stacked: reads on a phone
     ax_loss, ax_gap = fig.subplots(2, 1, sharex=True)
     for i, (label, loss) in enumerate(losses.items()):
         loss = np.asarray(loss, dtype=float)
@@ -190,4 +236,8 @@ def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Op
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
-    return fig
+    others = [label for label in losses if label != reference]
+    return fig.describe(
+        _titled(title) + f"Two stacked line charts over {len(ref)} optimizer steps. Top, the "
+        f"training loss of each run ({listed(others)}) with the {reference} run dashed black on top; below, each "
+        f"run's loss minus the {reference} run's at each step, with zero dashed.")

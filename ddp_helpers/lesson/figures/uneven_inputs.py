@@ -10,7 +10,7 @@ from typing import Any, Dict, Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .style import DPI, Diagram, rank_color
+from .style import DPI, Diagram, Plot, listed, rank_color
 
 
 JOIN_STYLES = {
@@ -95,7 +95,7 @@ STEP_STYLES = {
 }
 
 
-def plot_rank_steps(panels: Dict[str, Sequence[Sequence[str]]]) -> Figure:
+def plot_rank_steps(panels: Dict[str, Sequence[Sequence[str]]]) -> Plot:
     """One panel per run (title -> per rank, what it did in each DDP iteration): a row of boxes per rank.
 
     The states are STEP_STYLES' keys: "trained", "shadowed" (joined, answering with zeros), "blocked" (waiting
@@ -111,7 +111,7 @@ def plot_rank_steps(panels: Dict[str, Sequence[Sequence[str]]]) -> Figure:
                                  f"use one of {sorted(STEP_STYLES)}")
     n_steps = max(len(states) for ranks in panels.values() for states in ranks)
     n_rows = sum(len(ranks) for ranks in panels.values())
-    fig = Figure(figsize=(7.5, 1.3 + 0.45 * n_rows + 0.4 * len(panels)), layout="constrained", dpi=DPI)
+    fig = Plot(figsize=(7.5, 1.3 + 0.45 * n_rows + 0.4 * len(panels)), layout="constrained", dpi=DPI)
     axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True,
                         gridspec_kw={"height_ratios": [len(r) for r in panels.values()]})[:, 0]
     for ax, (title, ranks) in zip(axes, panels.items()):
@@ -130,4 +130,15 @@ def plot_rank_steps(panels: Dict[str, Sequence[Sequence[str]]]) -> Figure:
     used = {s for ranks in panels.values() for states in ranks for s in states}
     handles = [Patch(**STEP_STYLES[s]) for s in STEP_STYLES if s in used]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
-    return fig
+    return fig.describe(_rank_steps_alt(panels, n_steps))
+
+
+def _rank_steps_alt(panels: Dict[str, Sequence[Sequence[str]]], n_steps: int) -> str:
+    """Each panel in words: per rank, what it did and in how many iterations."""
+    def rank_words(rank: int, states: Sequence[str]) -> str:
+        counts = [f"{STEP_STYLES[s]['label'].split(':')[0]} ({states.count(s)})" for s in STEP_STYLES if s in states]
+        return f"rank {rank}: {listed(counts)}"
+    said = " ".join(f"{' '.join(title.split())}: {'; '.join(rank_words(r, list(st)) for r, st in enumerate(ranks))}."
+                    for title, ranks in panels.items())
+    return (f"One row of boxes per rank, one box per DDP iteration (up to {n_steps}), in {len(panels)} panel(s), "
+            f"each box coloured by what the rank did in that iteration. {said}")
