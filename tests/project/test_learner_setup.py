@@ -247,7 +247,7 @@ def test_a_notebook_without_the_package_stops_at_its_first_cell_with_the_install
     first = next(c for c in nb.cells if c.cell_type == "code")
     assert "Recorded with torch " + recorded.RECORDED_TORCH in nb.cells[0].source, "the first markdown cell"
     monkeypatch.setitem(sys.modules, "ddp_helpers", None)  # `import ddp_helpers` raises ImportError
-    with pytest.raises(RuntimeError, match=r"not installed: download ddp-tutorial\.zip .*`pip install \.`") as e:
+    with pytest.raises(RuntimeError, match=r"not installed: download ddp-tutorial\.zip .*`pip install \"\.\[vision\]\"`") as e:
         exec(compile(_first_lines(first.source), str(path), "exec"), {})
     assert e.value.__cause__ is None and e.value.__suppress_context__, "the ImportError would be shown too"
     monkeypatch.delitem(sys.modules, "ddp_helpers")
