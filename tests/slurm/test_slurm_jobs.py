@@ -50,6 +50,18 @@ def _nothing_left(slurm, tmp_path) -> None:
         assert not [p for p in os.listdir(slurm.node_tmpdir(node)) if p.startswith("ddp_helpers")], node
 
 
+def _hosts_recorded(res: TrainResult, said: str) -> None:
+    """result.json names each rank's node, address and interface and the true rendezvous address (not the
+    127.0.0.1 a one-machine run has); the job's output has one line per node."""
+    ranks = sorted(res.provenance["ranks"], key=lambda p: p["rank"])
+    assert [p["rank"] for p in ranks] == [0, 1] and {p["host"] for p in ranks} == {"n1", "n2"}, ranks
+    assert all(p["address"] and not p["address"].startswith("127.") and p["interface"] for p in ranks), ranks
+    host = res.provenance["rendezvous"].rsplit(":", 1)[0]  # torchrun's c10d store may sit on either node
+    assert host in {"n1", "n2"} | {p["address"] for p in ranks} and res.config["master_addr"] == host, res.provenance
+    assert sorted(line.split(":")[0] for line in said.splitlines() if line.startswith("node n")) == ["node n1",
+                                                                                                    "node n2"]
+
+
 def _nodes(slurm, job: str) -> str:
     out = slurm.run(["scontrol", "-o", "show", "job", job]).stdout
     return next(f.split("=", 1)[1] for f in out.split() if f.startswith("NodeList="))
@@ -59,6 +71,7 @@ def test_the_sbatch_template_trains_one_job_across_two_nodes(slurm, tmp_path, sm
     job, said, res = _submit(slurm, tmp_path, "slurm_torchrun.sbatch", small_cfg)
     assert _nodes(slurm, job) == "n[1-2]"
     _same_as_one_machine(res, small_run)
+    _hosts_recorded(res, said)
     _nothing_left(slurm, tmp_path)
 
 
@@ -69,4 +82,5 @@ def test_srun_alone_starts_one_job_of_one_rank_per_task(slurm, tmp_path, small_c
     assert _nodes(slurm, job) == "n[1-2]"
     assert said.count("wrote ") == 1, said[-3000:]
     _same_as_one_machine(res, small_run)
+    _hosts_recorded(res, said)
     _nothing_left(slurm, tmp_path)
