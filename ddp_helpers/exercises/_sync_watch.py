@@ -41,17 +41,9 @@ def watch_hooks(params: List[torch.Tensor], running: Optional[Dict[str, Any]] = 
     running = {} if running is None else running
     running.setdefault("handles", [])
 
-    def which(t: Any) -> Any:
-        for i, p in enumerate(params):
-            if t is p:
-                return i
-        if isinstance(t, torch.Tensor) and any(storage_of(t) == storage_of(p) for p in params):
-            return "data"
-        return "foreign" if any(t is p for p in foreign) else "other"
-
     def wrap(kind: str) -> Callable:
         def register(self: torch.Tensor, hook: Callable) -> Any:
-            on = which(self)
+            on = _param_of(self, params, foreign)
             records.append({"kind": kind, "on": on, "hook": hook})
             return real[kind](self, _traced(hook, on, kind, running))
         return register
@@ -90,6 +82,16 @@ def watch_hooks(params: List[torch.Tensor], running: Optional[Dict[str, Any]] = 
                 setattr(torch.nn.Module, name, real[name])
             for r in records:  # read once the learner's loop has ended: a late-bound closure holds its last value
                 r["closes_over"] = _closed_param(r.pop("hook"), params)
+
+
+def _param_of(t: Any, params: List[torch.Tensor], foreign: List[torch.Tensor]) -> Any:
+    """Which parameter t is: its index, "data" (a tensor sharing a parameter's storage), "foreign" or "other"."""
+    for i, p in enumerate(params):
+        if t is p:
+            return i
+    if isinstance(t, torch.Tensor) and any(storage_of(t) == storage_of(p) for p in params):
+        return "data"
+    return "foreign" if any(t is p for p in foreign) else "other"
 
 
 def _traced(hook: Callable, on: Any, kind: str, running: Dict[str, Any]) -> Callable:
