@@ -5,6 +5,8 @@ import datetime
 import socket
 from typing import TYPE_CHECKING
 
+from .ending import interrupts_deferred
+
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
@@ -18,14 +20,21 @@ def bind_listener(host: str, port: int, listen: bool = True) -> socket.socket:
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     addr = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = None
     try:
+        # Ctrl-C waits for the socket to exist and be named: raised inside socket.socket() it left the new
+        # descriptor open, held by the traceback a notebook keeps (issue 61, N8)
+        with interrupts_deferred() as pending:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        if pending:
+            raise KeyboardInterrupt
         sock.bind(addr)
         if listen:
             sock.listen(128)
         return sock
     except BaseException:  # Ctrl-C too: no socket outlives the call
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise
 
 
