@@ -56,7 +56,8 @@ def _pump(stream: IO[str], name: str, lines: "queue.Queue") -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End the program and what it started (its own process group), then reap it."""
+    """End the program and what it started (its own process group), then reap it; on POSIX, return once the
+    group is gone (its ranks outlived the program by a moment under load: the cell ended with them running)."""
     if proc.poll() is None:
         try:
             if os.name == "posix":
@@ -66,12 +67,48 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
         except (subprocess.TimeoutExpired, ProcessLookupError):
             if os.name == "posix":
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill_group(proc.pid, signal.SIGKILL)
             proc.kill()
     proc.wait()
+    if os.name == "posix" and not _group_gone(proc.pid, 5.0):
+        _kill_group(proc.pid, signal.SIGKILL)  # a member that ignored SIGTERM
+        _group_gone(proc.pid, 5.0)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_gone(pgid: int, wait_s: float) -> bool:
+    """Wait (bounded) until no live process of the group pgid is left (a zombie waiting for an init that doesn't
+    reap counts as gone); True if none is."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return True
+        if not _live_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _live_members(pgid: int) -> List[int]:
+    import psutil
+
+    live = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                live.append(p.pid)
+        except OSError:  # gone meanwhile
+            pass
+    return live
 
 
 def _raise_for_missing_extra(stderr: str, shown_as: str) -> None:
