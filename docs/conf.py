@@ -25,7 +25,7 @@ copyright = "ddp_helpers contributors"  # noqa: A001  (Sphinx's name for it)
 # every notebook page, where the package comes from and the one line that installs it.
 extensions = ["myst_nb", "sphinx_copybutton", "site_notebooks", "static_widgets", "figure_alt", "site_archive"]
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "**/.ipynb_checkpoints"]  # _ext: the extensions and the archive's README
+exclude_patterns = ["_build", "_ext", "_templates", "**/.ipynb_checkpoints"]  # _ext: the extensions and the archive's README
 nitpicky = True  # an unresolved reference is a warning, and `make site` turns warnings into errors
 
 # The notebooks are stored executed; never run them here (that needs torch, minutes, and ranks).
@@ -51,6 +51,9 @@ html_theme_options = {
     "navigation_with_keys": False,
 }
 html_static_path = ["_static"]
+# _templates/search-button-field.html: the theme's search button with a name that says what it shows
+# (see the file; pydata-sphinx-theme's to fix upstream, drafted in docs/maintainers.md).
+templates_path = ["_templates"]
 html_css_files = ["site.css"]
 html_js_files = ["figures.js", "sidebar_toggle.js"]
 html_show_sphinx = False

@@ -511,7 +511,7 @@ AXE_RUN = """async () => {
 def test_axe_finds_no_critical_or_serious_node_in_the_projects_own_markup(site, capsys):
     """Issue 62: axe-core on every page of the site. The project's own markup (the notebooks' outputs, its pages,
     the static widgets, the figures' links, the install note) has no critical or serious violation and no empty
-    table header; the theme's nodes are counted apart and printed (they are sphinx-book-theme's to fix)."""
+    table header; the theme's nodes are counted apart (they are the theme's to fix upstream) and must be none too."""
     sync_api = _browser_modules()
     if not AXE.is_file():
         pytest.skip(f"{AXE} is missing (npm's axe-core 4.x; run .ci/install_browser.sh)")
@@ -545,6 +545,10 @@ def test_axe_finds_no_critical_or_serious_node_in_the_projects_own_markup(site, 
     assert len(pages) >= 20, [p.name for p in pages]
     assert not own, f"{len(own)} critical or serious nodes in the project's own markup:\n" + "\n".join(own[:30])
     assert not empty, "table headers without text:\n" + "\n".join(empty[:10])
+    # The theme's too: its one serious node (pydata-sphinx-theme's search button, named "Search" while it shows
+    # "Search Ctrl+K") is overridden by docs/_templates/search-button-field.html; a theme release adding another
+    # fails here, named, to be overridden the same way and reported upstream.
+    assert not theirs, f"the theme's markup has critical or serious nodes: {theirs}"
 
 
 def test_every_figure_in_the_stored_notebooks_says_what_it_shows():
