@@ -13,10 +13,9 @@ from ._compare import close
 from ._harness import Verdict, fail
 from ._sync_checks import (call_verdict, divided_twice_verdict, first_value_verdict, iteration_records, local_grads,
                            mean_grads, no_finish_type, other_collective_verdict, registration_verdict, timing_verdict,
-                           value_labels, where_verdict)
+                           unwaited_on, value_labels, where_verdict)
 from ._sync_frame import OBJECTS
 from ._sync_watch import changed_shared
-from ._watch import unwaited
 
 # With a cap of 140 numbers (560 bytes), bucketed_sync's model makes 3 or more buckets of several tensors from the
 # reverse of model.parameters(), whatever the closing rule, and a partial last one.
@@ -39,16 +38,15 @@ def collective_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
 
 
 def waits_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """Every rank's works: each waited for, none waited for during backward."""
-    for r, o in enumerate(outs):
-        pending = unwaited(o["reduced"])
-        if pending:
-            return fail("unwaited", f"{len(pending)} of the {len(o['reduced'])} asynchronous all_reduces on rank "
-                                    f"{r} were never waited for: their result is in the buffer only once the work "
-                                    "is done, and your code read it before that (or never). In finish(), call "
-                                    ".wait() on every work the all_reduces returned before writing the result into "
-                                    "p.grad.")
-    return None
+    """Every rank's works waited for."""
+    found = unwaited_on(outs)
+    if found is None:
+        return None
+    r, n, total = found
+    return fail("unwaited", f"{n} of the {total} asynchronous all_reduces on rank {r} were never waited for: their "
+                            "result is in the buffer only once the work is done, and your code read it before that "
+                            "(or never). In finish(), call .wait() on every work the all_reduces returned before "
+                            "writing the result into p.grad.")
 
 
 def offsets_verdict(outs: List[Dict[str, Any]], it: int, mean: List[np.ndarray]) -> Optional[Verdict]:

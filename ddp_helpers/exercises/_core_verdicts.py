@@ -15,10 +15,9 @@ from ._compare import close
 from ._harness import Verdict, fail
 from ._sync_checks import (LEARNING, call_verdict, divided_twice_verdict, first_value_verdict, iteration_records,
                            local_grads, mean_grads, no_finish_type, other_collective_verdict, registration_verdict,
-                           timing_verdict, value_labels, where_verdict)
+                           timing_verdict, unwaited_on, value_labels, where_verdict)
 from ._sync_frame import OBJECTS
 from ._sync_watch import changed_shared
-from ._watch import unwaited
 
 
 def _factor(outs: List[Dict[str, Any]], it: int) -> Optional[float]:
@@ -205,12 +204,12 @@ def _early_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
 
 def _flow_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
     """Every rank's works waited for; gradients, not parameters; nothing read or written before its wait()."""
-    for r, o in enumerate(outs):
-        pending = unwaited(o["reduced"])
-        if pending:
-            return fail("unwaited", f"{len(pending)} of the {len(o['reduced'])} all_reduce(..., async_op=True) on "
-                                    f"rank {r} were never waited for: the sum is in the tensor only once the work is "
-                                    "done. In finish(), call .wait() on every work the all_reduces returned.")
+    found = unwaited_on(outs)
+    if found is not None:
+        r, n, total = found
+        return fail("unwaited", f"{n} of the {total} all_reduce(..., async_op=True) on rank {r} were never waited "
+                                "for: the sum is in the tensor only once the work is done. In finish(), call .wait() "
+                                "on every work the all_reduces returned.")
     if any(x["tensor"] in ("param", "param_copy") and x.get("phase") in LEARNING for o in outs for x in o["reduced"]):
         return fail("reduced_params", "you all-reduced the parameters (p or p.data), not their gradients: "
                                       "all_reduce p.grad.")

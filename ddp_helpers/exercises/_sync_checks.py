@@ -14,6 +14,7 @@ import numpy as np
 
 from ._compare import close
 from ._harness import Verdict, fail, student_outcomes
+from ._watch import unwaited
 
 # The nudges (first-tier hints) both checks word alike; each check adds its own.
 NUDGES = {
@@ -94,6 +95,15 @@ def divided_twice_verdict(world_size: int) -> Verdict:
     return fail("divided_twice", f"every rank holds the mean divided by {world_size} once more: you divided "
                                  "by the world size twice (before the all_reduce and after it, or "
                                  "ReduceOp.AVG and a division). Divide once.")
+
+
+def unwaited_on(outs: List[Dict[str, Any]]) -> Optional[Tuple[int, int, int]]:
+    """The first rank with asynchronous all_reduces never waited for: (rank, how many, of how many all_reduces)."""
+    for r, o in enumerate(outs):
+        pending = unwaited(o["reduced"])
+        if pending:
+            return r, len(pending), len(o["reduced"])
+    return None
 
 
 def no_finish_type(outs: List[Dict[str, Any]]) -> Optional[str]:

@@ -27,7 +27,8 @@ from ._sync_frame import ITERATIONS, Grads, SyncRun, check_sync, grads, params_o
 LAYERS = ((6, 10), (10, 12), (12, 12), (12, 8), (8, 3))
 BATCH = 16
 
-NUDGES = {**SHARED_NUDGES,  # those notebook 0's check words alike (_sync_checks), then this check's own
+NUDGES = {
+    **SHARED_NUDGES,  # the nudges worded as in notebook 0's check (_sync_checks); then this check's own
     "no_finish": "the exercise asks for a function back: what does the training loop call after backward?",
     "not_written_back": "there were all_reduces, yet every p.grad is still this rank's own: where does the result "
                         "end up?",

@@ -32,7 +32,8 @@ from ._sync_watch import watch_divisions
 from .average_gradients import _classifier
 
 BATCH = 16
-NUDGES = {**SHARED_NUDGES,  # those the bucketed check words alike (_sync_checks), then this check's own
+NUDGES = {
+    **SHARED_NUDGES,  # the nudges worded as in notebook 3b's check (_sync_checks); then this check's own
     "no_finish": "the training loop calls sync.finish() after backward: does your object have it?",
     "read_before_wait": "an asynchronous all_reduce returns at once: when may its tensor be read?",
     "changed_in_flight": "an asynchronous all_reduce returns at once: when may its tensor be changed?",
