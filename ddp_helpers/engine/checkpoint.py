@@ -24,7 +24,7 @@ from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
 from ..common.errors import refused, setting
 from ..common.files import free_text
 from ..common.trusted import OutputFolder
-from .model import build_model
+from .model import build_model, build_optimizer
 from .rng import check_rng_entry, rng_state, set_rng_state
 
 FORMAT = "ddp_helpers.checkpoint/2"  # /1 had no "rng": refused for resume (its generators would start afresh)
@@ -304,7 +304,7 @@ def _check_model_and_optimizer(cfg: TrainConfig, ckpt: Dict[str, Any]) -> torch.
     if bad:  # a diverged run's weights: training on would only give NaN losses
         raise refuse_resume(cfg, f"its model's {bad[0]!r} holds NaN or infinite values (the run it saved had "
                                  "diverged)")
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = build_optimizer(model, cfg)
     try:
         optimizer.load_state_dict(ckpt["optimizer"])  # what resume() will do in every rank, tried once here
     except Exception as e:  # noqa: BLE001 - a malformed state fails with KeyError, ValueError, TypeError...

@@ -1,10 +1,15 @@
-"""The listing's model, built the same way on every rank."""
+"""The listing's model and optimizer, built the same way on every rank."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import xxhash
 from torch import nn
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 
 def build_model(seed: int) -> nn.Module:
@@ -15,6 +20,14 @@ def build_model(seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # DDP would broadcast rank 0's weights anyway; a shared seed makes that a no-op
         return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
+    """The run's optimizer: SGD with cfg.lr and cfg.momentum (no dampening, weight decay or Nesterov).
+
+    Every rank, the resume check and the one-process reference build it here, so that they cannot differ.
+    """
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:

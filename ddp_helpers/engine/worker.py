@@ -23,7 +23,7 @@ from ..data import DataSplits, load_data, normalize
 from .faults import inject_fault
 from .hooks import attach_recorder
 from .job import table_shape
-from .model import build_model, flat_params, n_params
+from .model import build_model, build_optimizer, flat_params, n_params
 from .plan import StepPlan
 from .rng import seed_rank
 from .telemetry import RankTelemetry
@@ -46,7 +46,7 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
     seed_rank(cfg.seed, rank)  # each rank its own dropout masks etc., the same ones in every run of this seed
     data = data or load_data(cfg, quiet=True)  # None: every rank loads its own copy, as the listing's do
     model = build_model(cfg.seed).to(device)  # the same seed on every rank: the same starting weights
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = build_optimizer(model, cfg)
     start_step = resume(cfg.resume_from, model, optimizer, device, rank)  # with this rank's generator states
     # DDP broadcasts rank 0's parameters now and registers autograd hooks that all-reduce gradients in buckets.
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -1,7 +1,7 @@
-"""Notebook 3b's verdicts beyond the values (bucketed_sync judges those): where the code ran, which collective,
-which op, every rank's waits, the offsets of the copy back, the bucket never sent, the works finish() keeps.
-
-Made in the parent from every rank's records; each names what was done, with the data the check has.
+"""The verdicts on notebook 3b's exercise, made in the parent from every rank's records (bucketed_sync records
+them): the learner's call, where the code ran, which collective, every rank's waits, the values (no division, the
+result never copied back, the offsets of the copy back, the bucket never sent), the works finish() keeps, the
+buckets' grouping. Each names what was done, with the data the check has.
 """
 from __future__ import annotations
 
@@ -11,27 +11,15 @@ import numpy as np
 
 from ._compare import close
 from ._harness import Verdict, fail
-from ._sync_checks import forward_verdict, other_collective_verdict, registration_verdict
+from ._sync_checks import (call_verdict, divided_twice_verdict, first_value_verdict, iteration_records, local_grads,
+                           mean_grads, no_finish_type, other_collective_verdict, registration_verdict, timing_verdict,
+                           unwaited_on, value_labels, where_verdict)
+from ._sync_frame import OBJECTS
 from ._sync_watch import changed_shared
-from ._watch import unwaited
 
 # With a cap of 140 numbers (560 bytes), bucketed_sync's model makes 3 or more buckets of several tensors from the
 # reverse of model.parameters(), whatever the closing rule, and a partial last one.
 CAP_BYTES = 560
-OBJECTS = (0, 1, 0)  # the function's call (on its own model) each backward runs: the second's between the first's
-OPS = {"MAX": "the largest of the ranks' values", "MIN": "the smallest of the ranks' values",
-       "PRODUCT": "the product of the ranks' values"}
-
-
-def where_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """No collective during backward or finish() on any rank: none at all, or only in the forward pass."""
-    ran = [c for o in outs for c in o["collectives"]]
-    if any(c.get("phase") in ("backward", "finish") for c in ran):
-        return None
-    verdict = forward_verdict(ran, [x for o in outs for x in o["reduced"]], outs[0]["hooks"])
-    return verdict or registration_verdict(outs[0]["hooks"]) or fail(
-        "no_all_reduce", "no collective was called after backward began: every rank kept its own gradients. Each "
-                         "bucket needs one dist.all_reduce(..., async_op=True).")
 
 
 def collective_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
@@ -43,41 +31,28 @@ def collective_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
         return None
     after = [o["iterations"][0]["after"] for o in outs]
     local = [o["iterations"][0]["local"] for o in outs]
-    world_size = len(outs)
-    mean = [sum(np.asarray(local[r][i]) for r in range(world_size)) / world_size for i in range(len(local[0]))]
+    mean = mean_grads(local)
     if all(g is not None and close(g, mean[i]) for a in after for i, g in enumerate(a)):
         return None  # e.g. an all_gather, then the mean written back: right
     return other_collective_verdict(others[0], after, local)
 
 
 def waits_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """Every rank's works: each waited for, none waited for during backward."""
-    for r, o in enumerate(outs):
-        pending = unwaited(o["reduced"])
-        if pending:
-            return fail("unwaited", f"{len(pending)} of the {len(o['reduced'])} asynchronous all_reduces on rank "
-                                    f"{r} were never waited for: their result is in the buffer only once the work "
-                                    "is done, and your code read it before that (or never). In finish(), call "
-                                    ".wait() on every work the all_reduces returned before writing the result into "
-                                    "p.grad.")
-    return None
-
-
-def op_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """An all_reduce with an op that no division turns into the mean (MAX, MIN, PRODUCT, ...)."""
-    ops = sorted({x["op"] for o in outs for x in o["reduced"]} - {"SUM", "AVG"})
-    if not ops:
+    """Every rank's works waited for."""
+    found = unwaited_on(outs)
+    if found is None:
         return None
-    return fail("wrong_op", f"your all_reduce used ReduceOp.{ops[0]}: every rank got "
-                            f"{OPS.get(ops[0], f'the ranks values combined by {ops[0]}')}, element by element, not "
-                            "their sum, so no division makes it the mean. Use the default op (SUM) and divide by the "
-                            "world size, or ReduceOp.AVG.")
+    r, n, total = found
+    return fail("unwaited", f"{n} of the {total} asynchronous all_reduces on rank {r} were never waited for: their "
+                            "result is in the buffer only once the work is done, and your code read it before that "
+                            "(or never). In finish(), call .wait() on every work the all_reduces returned before "
+                            "writing the result into p.grad.")
 
 
 def offsets_verdict(outs: List[Dict[str, Any]], it: int, mean: List[np.ndarray]) -> Optional[Verdict]:
     """p.grad filled from its bucket's buffer, but from another offset than its gradient's: named, with both."""
     rank0 = outs[0]
-    layouts = [rank0["calls"][k]["layout"] for k in rank0["iterations"][it]["calls"]]
+    layouts = [c["layout"] for c in iteration_records(rank0, it, "calls")]
     if not layouts or any(lay is None for lay in layouts):
         return None
     after = rank0["iterations"][it]["after"]
@@ -102,7 +77,7 @@ def offsets_verdict(outs: List[Dict[str, Any]], it: int, mean: List[np.ndarray])
 def never_sent(outs: List[Dict[str, Any]], it: int, n_params: int) -> Optional[List[int]]:
     """The parameters no all_reduce of iteration it carried (None when a buffer could not be read)."""
     rank0 = outs[0]
-    layouts = [rank0["calls"][k]["layout"] for k in rank0["iterations"][it]["calls"]]
+    layouts = [c["layout"] for c in iteration_records(rank0, it, "calls")]
     if any(lay is None for lay in layouts):
         return None
     carried = {i for lay in layouts for i in lay}
@@ -220,7 +195,7 @@ def _stale_verdict(rank0: Dict[str, Any], it: int) -> Verdict:
         return fail("second_call", "the first call's buckets left the mean in every p.grad, but a second call of "
                                    "bucketed_sync, on another copy of the model (as when the training cell runs "
                                    f"again), did not.{kept} Keep everything a call collects inside that call.")
-    moments = [[rank0["calls"][k]["n_arrived"] for k in rank0["iterations"][i]["calls"]] for i in (0, it)]
+    moments = [[c["n_arrived"] for c in iteration_records(rank0, i, "calls")] for i in (0, it)]
     shared = changed_shared(rank0)
     if shared:
         return fail("shared_state", f"after the first backward every p.grad held the mean, after backward {it + 1} "
@@ -237,3 +212,86 @@ def _stale_verdict(rank0: Dict[str, Any], it: int) -> Verdict:
                                "did not: your hooks still counted an earlier backward's gradients, so the buckets were "
                                "sent at the wrong moments or not at all. Reset what they count (and the works) in "
                                "finish(), so that each backward starts with empty buckets.")
+
+
+def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[Verdict]:
+    """The verdict from one iteration's gradients (None when every rank holds the mean everywhere)."""
+    labels, rank0 = value_labels(outs, it), outs[0]
+    calls, n_params = iteration_records(rank0, it, "calls"), rank0["n_params"]
+    kinds = {lab for row in labels for lab in row}
+    if kinds == {"mean"}:
+        return None
+    verdict = first_value_verdict(kinds, [x for o in outs for x in o["reduced"]])
+    if verdict is not None:
+        return verdict
+    if kinds == {"sum"}:
+        return fail("no_divide", f"every rank holds {world_size}x the mean gradient, the sum over the ranks: "
+                                 "all_reduce adds; divide each gradient by dist.get_world_size() (before or after "
+                                 "the all_reduce).")
+    if kinds == {"half"}:
+        return divided_twice_verdict(world_size)
+    if kinds == {"local"}:
+        return fail("not_written_back", f"your code started {len(calls)} all_reduce(s) per backward, yet after "
+                                        "finish() every p.grad still held this rank's own gradient: the averaged "
+                                        "values stayed in your bucket's flat buffer. Copy each gradient's slice "
+                                        "of the bucket back into p.grad once its all_reduce is done.")
+    verdict = flush_verdict(labels, outs, it, n_params) or offsets_verdict(outs, it, mean_grads(local_grads(outs, it)))
+    if verdict is not None:
+        return verdict
+    return fail("wrong_value", "after finish() the gradients were neither each rank's own nor the mean over the "
+                               "ranks: average them (sum with all_reduce, divide by the world size) and write "
+                               "them back into p.grad.")
+
+
+def _call_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """The verdict from the learner's call itself: no finish, and call_verdict's."""
+    kind = no_finish_type(outs)
+    if kind is not None:
+        return fail("no_finish", f"bucketed_sync returned {kind}, not a function: return finish, the function that "
+                                 "waits for the buckets and writes the averages into p.grad (the training loop "
+                                 "calls it after loss.backward()).")
+    return call_verdict(outs, outs[0]["hooks"][0])
+
+
+def _values_verdict(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
+    """The first wrong backward's verdict, from its reads and writes before wait(), else from its values; where it
+    is not the first backward (and not no_divide), what was kept from an earlier one."""
+    rank0 = outs[0]
+    verdict, it = timing_verdict(outs, "sent_before_full")
+    if verdict is not None:
+        return _stale_verdict(rank0, it) if it > 0 else verdict
+    for it in range(len(rank0["iterations"])):
+        verdict = _value_verdict(outs, it, world_size)
+        if verdict is not None and it > 0 and verdict.mistake != "no_divide":
+            return _stale_verdict(rank0, it)
+        if verdict is not None:
+            return registration_verdict(rank0["hooks"][0]) or verdict
+    return None
+
+
+def diagnose(outs: List[Dict[str, Any]], world_size: int) -> Optional[Verdict]:
+    """The verdict for one run: None when every iteration left the mean in every p.grad, sent as buckets should be."""
+    verdict = (_call_verdict(outs) or where_verdict(outs, "Each bucket needs one dist.all_reduce(..., "
+                                                           "async_op=True).") or
+               collective_verdict(outs) or waits_verdict(outs) or _values_verdict(outs, world_size))
+    if verdict is not None:
+        return verdict
+    rank0 = outs[0]
+    shared = changed_shared(rank0)
+    if shared:
+        return fail("shared_state", f"every p.grad held the mean, but {shared} during the run: state kept "
+                                    "outside the call (a global, a default argument) is one object every call "
+                                    "shares, so a second call (the training cell run again, another model) adds "
+                                    "to the first's. Make what a call collects inside it.")
+    return (structure_waits(outs) or kept_verdict(outs) or
+            _structure_verdict(iteration_records(rank0, 0, "calls"), rank0["n_params"], rank0["sizes"]))
+
+
+def waits_seen(outs: List[Dict[str, Any]]) -> str:
+    """How a passing answer's works were waited for, as far as the check saw it."""
+    recs = [x for o in outs for x in o["reduced"]]
+    if recs and all(x.get("waited_in") == "finish" for x in recs):
+        return ", waited for in finish()"
+    if any(x.get("future_in") for x in recs):
+        return ", followed through their futures"
+    return ""

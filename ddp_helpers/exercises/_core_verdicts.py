@@ -12,52 +12,17 @@ import numpy as np
 
 from ..lesson.handbuilt import agreement
 from ._compare import close
-from ._harness import Verdict, fail, student_outcomes
-from ._sync_checks import (forward_verdict, other_collective_verdict, registration_verdict, returned_verdict,
-                           timing_verdict)
+from ._harness import Verdict, fail
+from ._sync_checks import (LEARNING, call_verdict, divided_twice_verdict, first_value_verdict, iteration_records,
+                           local_grads, mean_grads, no_finish_type, other_collective_verdict, registration_verdict,
+                           timing_verdict, unwaited_on, value_labels, where_verdict)
+from ._sync_frame import OBJECTS
 from ._sync_watch import changed_shared
-from ._watch import unwaited
-
-ITERATIONS = 3
-OBJECTS = (0, 1, 0)  # the object each backward runs on: the second object's backward between the first's two
-LEARNING = ("forward", "backward", "finish", "step")  # phases of the learner's code after its objects were built
-OPS = {"MAX": "the largest of the ranks' values", "MIN": "the smallest of the ranks' values",
-       "PRODUCT": "the product of the ranks' values"}
 
 
-def _iteration_records(o: Dict[str, Any], it: int, key: str) -> List[Dict[str, Any]]:
-    """One rank's records of one kind ("reduced", "collectives", "divisions") made during iteration it."""
-    return [o[key][k] for k in o["iterations"][it][key]]
-
-
-def _labels(outs: List[Dict[str, Any]], it: int, world_size: int) -> List[List[str]]:
-    """For each rank and parameter after iteration it: "mean", "sum", "half", "local", "local_div", "none" or
-    "other"."""
-    local = [[np.asarray(g) for g in o["local"][it]] for o in outs]
-    mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
-
-    def label(r: int, i: int) -> str:
-        g = outs[r]["iterations"][it]["after"][i]
-        if g is None:
-            return "none"
-        for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("half", mean[i] / world_size),
-                           ("local", local[r][i]), ("local_div", local[r][i] / world_size)):
-            if close(g, want):
-                return name
-        return "other"
-
-    return [[label(r, i) for i in range(len(mean))] for r in range(world_size)]
-
-
-def outs_local(outs: List[Dict[str, Any]], it: int) -> List[List[np.ndarray]]:
-    """Each rank's own gradients in iteration it (no synchronization)."""
-    return [[np.asarray(g) for g in o["local"][it]] for o in outs]
-
-
-def _factor(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[float]:
+def _factor(outs: List[Dict[str, Any]], it: int) -> Optional[float]:
     """c when every rank's every p.grad is c times the mean gradient, the same c everywhere; else None."""
-    local = [[np.asarray(g) for g in o["local"][it]] for o in outs]
-    mean = [sum(local[r][i] for r in range(world_size)) / world_size for i in range(len(local[0]))]
+    mean = mean_grads(local_grads(outs, it))
     found = []
     for o in outs:
         for i, g in enumerate(o["iterations"][it]["after"]):
@@ -76,7 +41,7 @@ def _hook_strays(outs: List[Dict[str, Any]], it: int) -> Optional[Verdict]:
     """A hook that all-reduces other parameters' gradients than the one autograd called it with, some of them
     more than once in one backward."""
     for r, o in enumerate(outs):
-        recs = _iteration_records(o, it, "reduced")
+        recs = iteration_records(o, it, "reduced")
         stray = [x for x in recs if isinstance(x.get("in_hook"), int) and x["tensor"] == "grad"
                  and x["index"] != x["in_hook"]]
         indices = [x["index"] for x in recs if x["tensor"] == "grad"]
@@ -93,7 +58,7 @@ def _hook_strays(outs: List[Dict[str, Any]], it: int) -> Optional[Verdict]:
 
 def _divisor_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[Verdict]:
     """Every p.grad a multiple of the mean, neither the sum nor the mean / world size: the divisor, named."""
-    c = _factor(outs, it, world_size)
+    c = _factor(outs, it)
     if c is None or abs(c - 1) < 1e-6:
         return None
     batch = outs[0]["batch"]
@@ -109,24 +74,19 @@ def _divisor_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Op
 
 def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Optional[Verdict]:
     """The verdict from one iteration's gradients (None when every rank holds the mean everywhere)."""
-    labels = _labels(outs, it, world_size)
+    labels = value_labels(outs, it)
     kinds = {lab for row in labels for lab in row}
     if kinds == {"mean"}:
         return None
-    if "none" in kinds:
-        return fail("wrong_value", "some p.grad was None after finish(): leave every gradient in p.grad, averaged.")
-    reduced = [r for o in outs for r in _iteration_records(o, it, "reduced")]
-    ops = sorted({r["op"] for r in reduced} - {"SUM", "AVG"})
-    if ops:
-        return fail("wrong_op", f"your all_reduce used ReduceOp.{ops[0]}: every rank got "
-                                f"{OPS.get(ops[0], f'the ranks values combined by {ops[0]}')}, element by element, "
-                                "not their sum, so no division makes it the mean. Use the default op (SUM) and "
-                                "divide by the world size, or ReduceOp.AVG.")
-    others = sorted({c["op"] for o in outs for c in _iteration_records(o, it, "collectives")} - {"all_reduce"})
+    reduced = [r for o in outs for r in iteration_records(o, it, "reduced")]
+    verdict = first_value_verdict(kinds, reduced)
+    if verdict is not None:
+        return verdict
+    others = sorted({c["op"] for o in outs for c in iteration_records(o, it, "collectives")} - {"all_reduce"})
     if others and not reduced:
-        return other_collective_verdict(others[0], [o["iterations"][it]["after"] for o in outs], outs_local(outs, it))
+        return other_collective_verdict(others[0], [o["iterations"][it]["after"] for o in outs], local_grads(outs, it))
     if kinds == {"sum"}:
-        divided = [d for o in outs for d in _iteration_records(o, it, "divisions")]
+        divided = [d for o in outs for d in iteration_records(o, it, "divisions")]
         if divided:
             return fail("rebound_divide", f"every rank holds {world_size}x the mean gradient, the sum over the "
                                           f"ranks, though your code divided a gradient {len(divided)} times in "
@@ -137,9 +97,7 @@ def _value_verdict(outs: List[Dict[str, Any]], it: int, world_size: int) -> Opti
                                  "all_reduce adds; divide each gradient by dist.get_world_size() (before the "
                                  "all_reduce, or after it has finished).")
     if kinds == {"half"}:
-        return fail("divided_twice", f"every rank holds the mean divided by {world_size} once more: you divided "
-                                     "by the world size twice (before the all_reduce and after it, or "
-                                     "ReduceOp.AVG and a division). Divide once.")
+        return divided_twice_verdict(world_size)
     verdict = _divisor_verdict(outs, it, world_size)
     if verdict is not None:
         return verdict
@@ -217,7 +175,7 @@ def _structure_verdict(outs: List[Dict[str, Any]], step: int) -> Optional[Verdic
                                           f"{r} were waited for during backward (wait() in the hook): backward "
                                           "stopped there until every rank had sent that gradient, just as with a "
                                           "blocking all_reduce. Keep each work, and wait for them in finish().")
-    phases = [x.get("phase") for x in _iteration_records(outs[0], 0, "reduced")]
+    phases = [x.get("phase") for x in iteration_records(outs[0], 0, "reduced")]
     if phases and all(ph != "backward" for ph in phases):
         return fail("after_backward", "every all_reduce started after backward had returned (in finish()): that "
                                       "is step 1. Start each gradient's all_reduce in the hook autograd calls "
@@ -225,31 +183,11 @@ def _structure_verdict(outs: List[Dict[str, Any]], step: int) -> Optional[Verdic
     return None
 
 
-def _where_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """No collective during backward or finish(): none at all, or only in forward, or only in optimizer.step()."""
-    ran = [c for o in outs for c in o["collectives"] if c.get("phase") in LEARNING]
-    if any(c["phase"] in ("backward", "finish") for c in ran):
-        return None
-    hooks = [h for o in outs[:1] for h in o["hooks"][0]]
-    verdict = forward_verdict([c for o in outs for c in o["collectives"]], [x for o in outs for x in o["reduced"]],
-                              hooks)
-    if verdict is not None:
-        return verdict
-    stepped = [c for c in ran if c["phase"] == "step"]
-    if stepped:
-        return fail("sync_in_step", f"your {stepped[0]['op']} ran inside optimizer.step() (in an optimizer step "
-                                    "hook), after finish() had returned: when finish() returns, every p.grad must "
-                                    "hold the mean already, and there it was still each rank's own. Average the "
-                                    "gradients in finish() (or during backward).")
-    return registration_verdict(hooks) or fail(
-        "no_all_reduce", "no collective was called after backward began: every rank kept its own gradients. Sum "
-                         "each gradient over the ranks with dist.all_reduce, then divide by the world size.")
-
-
 def _early_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
-    """The verdict from the learner's objects themselves: no finish(), hooks registered the wrong way, errors."""
-    if any(o["call"]["status"] == "no_finish" for o in outs):
-        kind = next(o["call"]["type"] for o in outs if o["call"]["status"] == "no_finish")
+    """The verdict from the learner's objects themselves: no finish(), hooks on another object's parameters, and
+    call_verdict's."""
+    kind = no_finish_type(outs)
+    if kind is not None:
         return fail("no_finish", f"the object your class builds ({kind}) has no finish() method: the training "
                                  "loop calls sync.finish() after loss.backward(), and when it returns every p.grad "
                                  "must hold the mean.")
@@ -261,47 +199,33 @@ def _early_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
         return fail("shared_state", f"building a second object of your class, on another copy of the model, "
                                     f"registered {len(foreign)} hooks on the first object's parameters too{held} "
                                     "hook only the parameters of the model the object is given.")
-    verdict = returned_verdict([o["call"] for o in outs])
-    if verdict is not None:
-        return verdict
-    bad = [o for o in outs if o["call"]["status"] not in ("ok", "not_done", "mistake")]
-    if bad and bad[0]["call"].get("phase") == "forward":
-        verdict = forward_verdict([c for o in outs for c in o["collectives"]],
-                                  [x for o in outs for x in o["reduced"]], outs[0]["hooks"][0], bad[0]["call"])
-        if verdict is not None:
-            return verdict
-    verdict = registration_verdict(outs[0]["hooks"][0]) if bad else None
-    if verdict is not None:
-        return verdict
-    student_outcomes(outs)
-    return None
+    return call_verdict(outs, outs[0]["hooks"][0])
 
 
 def _flow_verdict(outs: List[Dict[str, Any]]) -> Optional[Verdict]:
     """Every rank's works waited for; gradients, not parameters; nothing read or written before its wait()."""
-    for r, o in enumerate(outs):
-        pending = unwaited(o["reduced"])
-        if pending:
-            return fail("unwaited", f"{len(pending)} of the {len(o['reduced'])} all_reduce(..., async_op=True) on "
-                                    f"rank {r} were never waited for: the sum is in the tensor only once the work is "
-                                    "done. In finish(), call .wait() on every work the all_reduces returned.")
+    found = unwaited_on(outs)
+    if found is not None:
+        r, n, total = found
+        return fail("unwaited", f"{n} of the {total} all_reduce(..., async_op=True) on rank {r} were never waited "
+                                "for: the sum is in the tensor only once the work is done. In finish(), call .wait() "
+                                "on every work the all_reduces returned.")
     if any(x["tensor"] in ("param", "param_copy") and x.get("phase") in LEARNING for o in outs for x in o["reduced"]):
         return fail("reduced_params", "you all-reduced the parameters (p or p.data), not their gradients: "
                                       "all_reduce p.grad.")
     verdict = next((v for it in range(len(outs[0]["iterations"])) if (v := _hook_strays(outs, it))), None)
     if verdict is not None:
         return verdict
-    for o in outs:
-        its = o["iterations"]
-        verdict, it = timing_verdict(o["reduced"], its, [x["reduced"] for x in its], "changed_in_flight")
-        if verdict is not None:
-            return _later_verdict(outs, it) if it > 0 else verdict
-    return None
+    verdict, it = timing_verdict(outs, "changed_in_flight")
+    if verdict is not None and it > 0:
+        return _later_verdict(outs, it)
+    return verdict
 
 
 def diagnose(outs: List[Dict[str, Any]], world_size: int, step: int, notes: Dict[str, Any]) -> Optional[Verdict]:
     """The verdict for one run (None: every backward left the mean in every p.grad, as the step asks)."""
-    verdict = _early_verdict(outs) or _where_verdict(outs) or _flow_verdict(outs)
+    verdict = (_early_verdict(outs) or where_verdict(outs, "Sum each gradient over the ranks with dist.all_reduce, "
+                                                          "then divide by the world size.") or _flow_verdict(outs))
     if verdict is not None:
         return verdict
     for it in range(len(outs[0]["iterations"])):

@@ -1,4 +1,5 @@
-"""What several checks share to compare against: the model, per-rank batches and one-process gradients."""
+"""What several checks share to compare against: the model and the checkpoints' optimizer, per-rank batches and
+one-process gradients."""
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -16,6 +17,11 @@ def reference_model(seed: int) -> torch.nn.Module:
     """build_model for the parent's references, without moving the notebook's global random state."""
     with torch.random.fork_rng(devices=[]):
         return build_model(seed)
+
+
+def checkpoint_optimizer(model: torch.nn.Module) -> torch.optim.SGD:
+    """The checkpoint exercises' optimizer: SGD with momentum, so that a checkpoint holds optimizer state."""
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
 def rank_batch(rank: int, k: int, n: int) -> Tuple[torch.Tensor, torch.Tensor]:

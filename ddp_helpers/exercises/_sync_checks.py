@@ -1,9 +1,10 @@
 """What the checks of a hand-built gradient synchronization share (notebook 0's two steps, notebook 3b's buckets):
-the mistakes read from how hooks were registered, from what happened to an asynchronous all_reduce's tensor
-before its wait(), and from the parameters and gradients after finish().
+the nudges they word alike, each backward's gradients labelled against the mean, and the mistakes read from the
+learner's call, from how hooks were registered, from where the collectives ran, from what happened to an
+asynchronous all_reduce's tensor before its wait(), and from the parameters and gradients after finish().
 
-Inside a rank the checks record (see _watch: watch_hooks, the deferred watch_all_reduce, sentinel_read); the
-verdicts here are made in the parent from those records, so each names what the learner's code did.
+Inside a rank the checks record (see _sync_frame); the verdicts here are made in the parent from those records,
+so each names what the learner's code did.
 """
 from __future__ import annotations
 
@@ -11,57 +12,144 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-import torch
-
 from ._compare import close
-from ._harness import Verdict, error_report, fail
-from ._sync_watch import late_bound
+from ._harness import Verdict, fail, student_outcomes
+from ._watch import unwaited
 
+# The nudges (first-tier hints) both checks word alike; each check adds its own.
+NUDGES = {
+    "no_all_reduce": "the ranks never combined their gradients.",
+    "not_all_reduce": "the ranks communicated, but did every rank end up with the sum?",
+    "wrong_op": "look at the operation your all_reduce applies.",
+    "unwaited": "an asynchronous all_reduce returns at once: when is its result there?",
+    "no_divide": "the ranks agree, but not on the mean.",
+    "divided_twice": "the ranks agree, but their gradients are too small: count the divisions.",
+    "wrote_p_data": "after finish() the weights themselves had changed: where should the averages go?",
+    "late_binding": "your hooks were registered in a loop: which parameter does each of them use?",
+    "hook_on_data": "look at the tensor you registered your hook on.",
+    "tensor_hook": "look at which hook you registered, and what it is called with.",
+    "hook_returned": "backward stopped in your hook: look at what it returns.",
+    "sync_in_forward": "look at when your code runs: before or after the gradients exist?",
+    "averaged_output": "look at what your code averages: the gradients, or something else?",
+    "blocking": "your gradients are right, but each all_reduce held up the backward pass.",
+    "waited_in_hook": "your gradients are right, but each all_reduce still held up the backward pass.",
+    "wrong_value": "the gradients are not the mean over the ranks.",
+}
 HOOK_FIX = ("register self.ready (or your hook) with p.register_post_accumulate_grad_hook(...), which calls it with "
             "p once p.grad holds this backward's gradient")
+LEARNING = ("forward", "backward", "finish", "step")  # phases of the learner's code after it was made
+OPS = {"MAX": "the largest of the ranks' values", "MIN": "the smallest of the ranks' values",
+       "PRODUCT": "the product of the ranks' values"}
 
 
-def params_of(model: torch.nn.Module) -> List[torch.nn.Parameter]:
-    """The model's parameters, in model.parameters() order (the indices every record uses)."""
-    return list(model.parameters())
+def iteration_records(o: Dict[str, Any], it: int, key: str) -> List[Dict[str, Any]]:
+    """One rank's records of one kind ("reduced", "collectives", ...) made during backward it."""
+    return [o[key][k] for k in o["iterations"][it][key]]
 
 
-def snapshot(params: List[torch.Tensor]) -> List[torch.Tensor]:
-    """A copy of every parameter's values, to see later whether the learner's code changed them."""
-    return [p.detach().clone() for p in params]
+def local_grads(outs: List[Dict[str, Any]], it: int) -> List[List[np.ndarray]]:
+    """Each rank's own gradients in backward it (no synchronization)."""
+    return [[np.asarray(g) for g in o["iterations"][it]["local"]] for o in outs]
 
 
-def changed_params(before: List[torch.Tensor], params: List[torch.Tensor]) -> List[int]:
-    """The parameters whose values differ from the snapshot: the learner's code wrote to p.data."""
-    return [i for i, (b, p) in enumerate(zip(before, params)) if not torch.equal(b, p.detach())]
+def mean_grads(local: List[List[Any]]) -> List[np.ndarray]:
+    """Per parameter, the mean of the ranks' own gradients: what every p.grad must hold."""
+    return [sum(np.asarray(rank[i]) for rank in local) / len(local) for i in range(len(local[0]))]
 
 
-def hook_mistake(hooks: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """In a rank, right after the learner registered its hooks: a call report for a mistake seen already."""
-    held = late_bound(hooks)
-    if held is not None:
-        return {"status": "mistake", "mistake": "late_binding",
-                "hint": f"all your {len(hooks)} hooks use parameter {held} (the loop's last one), whichever "
-                        "parameter called them: a lambda made in a loop, `lambda _: f(p)`, looks p up when it "
-                        "runs, after the loop has ended (late binding). Use the parameter the hook is called "
-                        "with (`lambda q: f(q)`, or the method itself), or bind p now (`lambda _, p=p: f(p)`)."}
-    if any(h["on"] == "data" for h in hooks):
-        return {"status": "mistake", "mistake": "hook_on_data",
-                "hint": "you registered a hook on p.data (or p.detach()), a tensor that shares p's values but "
-                        "has no gradient: autograd never calls it. Register the hook on the parameter p itself."}
+def value_labels(outs: List[Dict[str, Any]], it: int) -> List[List[str]]:
+    """For each rank and parameter after backward it: "mean", "sum", "half" (the mean divided again by the world
+    size), "local", "local_div" (this rank's own, divided by the world size), "none" or "other"."""
+    world_size, local = len(outs), local_grads(outs, it)
+    mean = mean_grads(local)
+
+    def label(r: int, i: int) -> str:
+        g = outs[r]["iterations"][it]["after"][i]
+        if g is None:
+            return "none"
+        for name, want in (("mean", mean[i]), ("sum", mean[i] * world_size), ("half", mean[i] / world_size),
+                           ("local", local[r][i]), ("local_div", local[r][i] / world_size)):
+            if close(g, want):
+                return name
+        return "other"
+
+    return [[label(r, i) for i in range(len(mean))] for r in range(world_size)]
+
+
+def first_value_verdict(kinds: set, reduced: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """Gradients that are not the mean (kinds: their labels): the verdicts both checks give first, in the same
+    words; a p.grad left None, or an all_reduce op that no division turns into the mean (MAX, MIN, ...)."""
+    if "none" in kinds:
+        return fail("wrong_value", "some p.grad was None after finish(): leave every gradient in p.grad, averaged.")
+    ops = sorted({x["op"] for x in reduced} - {"SUM", "AVG"})
+    if not ops:
+        return None
+    return fail("wrong_op", f"your all_reduce used ReduceOp.{ops[0]}: every rank got "
+                            f"{OPS.get(ops[0], f'the ranks values combined by {ops[0]}')}, element by element, not "
+                            "their sum, so no division makes it the mean. Use the default op (SUM) and divide by the "
+                            "world size, or ReduceOp.AVG.")
+
+
+def divided_twice_verdict(world_size: int) -> Verdict:
+    """Every p.grad the mean divided by the world size once more."""
+    return fail("divided_twice", f"every rank holds the mean divided by {world_size} once more: you divided "
+                                 "by the world size twice (before the all_reduce and after it, or "
+                                 "ReduceOp.AVG and a division). Divide once.")
+
+
+def unwaited_on(outs: List[Dict[str, Any]]) -> Optional[Tuple[int, int, int]]:
+    """The first rank with asynchronous all_reduces never waited for: (rank, how many, of how many all_reduces)."""
+    for r, o in enumerate(outs):
+        pending = unwaited(o["reduced"])
+        if pending:
+            return r, len(pending), len(o["reduced"])
     return None
 
 
-def backward_error(e: BaseException, student_fn: Any, running: Dict[str, Any]) -> Dict[str, Any]:
-    """An error out of forward or backward: the learner's, shown as torch wrote it, with the hook that returned a
-    value (autograd raises without a frame of the learner's) and where it ran."""
-    report = error_report(e, student_fn)
-    report["phase"] = running["phase"]
-    returned = running.get("returned")
-    if returned is not None:
-        report["returned"] = returned[:2]
-        report["where"] = report["where"] or returned[2]
-    return report
+def no_finish_type(outs: List[Dict[str, Any]]) -> Optional[str]:
+    """The type of what the learner's code made where it has no finish() to call (None: it has one)."""
+    return next((o["call"]["type"] for o in outs if o["call"]["status"] == "no_finish"), None)
+
+
+def call_verdict(outs: List[Dict[str, Any]], hooks: List[Dict[str, Any]]) -> Optional[Verdict]:
+    """The verdict from the learner's code as called (hooks: those the first copy registered): a hook that
+    returned a value, an error in the forward pass, hooks registered the wrong way; or its blank, its mistake seen
+    in the rank, its error, raised (see student_outcomes)."""
+    verdict = returned_verdict([o["call"] for o in outs])
+    if verdict is not None:
+        return verdict
+    bad = [o for o in outs if o["call"]["status"] not in ("ok", "not_done", "mistake")]
+    if bad and bad[0]["call"].get("phase") == "forward":
+        verdict = forward_verdict([c for o in outs for c in o["collectives"]],
+                                  [x for o in outs for x in o["reduced"]], hooks, bad[0]["call"])
+        if verdict is not None:
+            return verdict
+    verdict = registration_verdict(hooks) if bad else None
+    if verdict is not None:
+        return verdict
+    student_outcomes(outs)
+    return None
+
+
+def where_verdict(outs: List[Dict[str, Any]], fix: str) -> Optional[Verdict]:
+    """No collective during backward or finish(): none at all, or only in forward, or only in optimizer.step().
+    fix: what the no_all_reduce hint says to do."""
+    ran = [c for o in outs for c in o["collectives"] if c.get("phase") in LEARNING]
+    if any(c["phase"] in ("backward", "finish") for c in ran):
+        return None
+    hooks = outs[0]["hooks"][0]
+    verdict = forward_verdict([c for o in outs for c in o["collectives"]], [x for o in outs for x in o["reduced"]],
+                              hooks)
+    if verdict is not None:
+        return verdict
+    stepped = [c for c in ran if c["phase"] == "step"]
+    if stepped:
+        return fail("sync_in_step", f"your {stepped[0]['op']} ran inside optimizer.step() (in an optimizer step "
+                                    "hook), after finish() had returned: when finish() returns, every p.grad must "
+                                    "hold the mean already, and there it was still each rank's own. Average the "
+                                    "gradients in finish() (or during backward).")
+    return registration_verdict(hooks) or fail(
+        "no_all_reduce", f"no collective was called after backward began: every rank kept its own gradients. {fix}")
 
 
 def registration_verdict(hooks: List[Dict[str, Any]]) -> Optional[Verdict]:
@@ -114,15 +202,16 @@ def data_verdict(changed: List[int]) -> Optional[Verdict]:
     return None
 
 
-def timing_verdict(reduced: List[Dict[str, Any]], iterations: List[Dict[str, Any]], per_iteration: List[List[int]],
-                   filled: str) -> Tuple[Optional[Verdict], int]:
-    """The first backward's verdict on reads and writes before wait() and on p.data, else a later one's, with the
-    backward it came from (a problem only after the first backward comes from state kept from it)."""
-    for it, (result, indices) in enumerate(zip(iterations, per_iteration)):
-        verdict = first_verdict(flight_verdict([reduced[k] for k in indices], filled),
-                                read_verdict(result["sentinel"]), data_verdict(result["changed"]))
-        if verdict is not None:
-            return verdict, it
+def timing_verdict(outs: List[Dict[str, Any]], filled: str) -> Tuple[Optional[Verdict], int]:
+    """Rank by rank, the first backward's verdict on reads and writes before wait() and on p.data, else a later
+    one's, with the backward it came from (a problem only after the first backward comes from state kept from it).
+    filled: see flight_verdict."""
+    for o in outs:
+        for it, result in enumerate(o["iterations"]):
+            verdict = first_verdict(flight_verdict(iteration_records(o, it, "reduced"), filled),
+                                    read_verdict(result["sentinel"]), data_verdict(result["changed"]))
+            if verdict is not None:
+                return verdict, it
     return None, 0
 
 
@@ -156,8 +245,7 @@ def other_collective_verdict(name: str, after: List[List[Any]], local: List[List
     """The verdict for a collective used where all_reduce belongs: what it does, and what every rank held.
 
     after, local: per rank, each parameter's gradient after finish() and this rank's own one."""
-    world_size = len(local)
-    mean = [sum(np.asarray(local[r][i]) for r in range(world_size)) / world_size for i in range(len(local[0]))]
+    world_size, mean = len(local), mean_grads(local)
 
     def holding(want: Callable[[int], Any]) -> List[int]:
         return [r for r in range(world_size)

@@ -7,51 +7,41 @@ object's, the first object's again; after each `finish()` it compares every p.gr
 own gradients, and, on 2 ranks, with torch's DDP's (run first, on the same model and batches), bit for bit. Then an
 optimizer step (lr 0: the weights stay) runs whatever the learner hung on `optimizer.step()`.
 
-While the learner's code runs the check records (see _watch, _sync_watch): its hooks (on which tensor, of which
-kind, which one is running, what their closures hold, a post-accumulate hook that returns a value), every
-collective it calls, its all_reduces (where each started, its op, asynchronous, where it was waited for), with an
-asynchronous result reaching its tensor only at wait(); divisions of a p.grad into a new tensor; the works each
-object still holds after finish() and the class attributes every instance shares. _core_verdicts then names what
-the code did, from every rank's records.
+Each rank runs the frame of _sync_frame (which says what it records: the hooks, every collective, each
+all_reduce and its wait(), the works each object still holds after finish(), the class attributes every instance
+shares), with an optimizer step after each finish() and the divisions of a p.grad into a new tensor recorded too.
+_core_verdicts then names what the code did, from every rank's records.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from ..lesson.handbuilt import build_net
-from ._core_verdicts import ITERATIONS, OBJECTS, diagnose
-from ._harness import call_student, check_on_2_and_3_ranks, exercise, fail
+from ._core_verdicts import diagnose
+from ._harness import call_student, exercise, fail
 from ._reference import rank_batch
-from ._sync_checks import backward_error, changed_params, hook_mistake, params_of, snapshot
-from ._sync_watch import held_handles, shared_containers, watch_divisions, watch_hooks
-from ._watch import sentinel_read, watch_all_reduce, watch_collectives
+from ._sync_checks import NUDGES as SHARED_NUDGES
+from ._sync_frame import ITERATIONS, Grads, SyncRun, backward_error, check_sync, grads, params_of
+from ._sync_watch import watch_divisions
 from .average_gradients import _classifier
 
 BATCH = 16
 NUDGES = {
+    **SHARED_NUDGES,  # the nudges worded as in notebook 3b's check (_sync_checks); then this check's own
     "no_finish": "the training loop calls sync.finish() after backward: does your object have it?",
-    "no_all_reduce": "the ranks never combined their gradients.",
-    "not_all_reduce": "the ranks communicated, but did every rank end up with the sum?",
-    "wrong_op": "look at the operation your all_reduce applies.",
-    "unwaited": "an asynchronous all_reduce returns at once: when is its result there?",
     "read_before_wait": "an asynchronous all_reduce returns at once: when may its tensor be read?",
     "changed_in_flight": "an asynchronous all_reduce returns at once: when may its tensor be changed?",
-    "no_divide": "the ranks agree, but not on the mean.",
     "rebound_divide": "the ranks agree, but not on the mean: where did your division go?",
-    "divided_twice": "the ranks agree, but their gradients are too small: count the divisions.",
     "wrong_divisor": "the ranks agree, but not on the mean: what did you divide by?",
     "reduced_copy": "there were all_reduces, yet every p.grad is still this rank's own: which tensor did they "
                     "change?",
     "reduced_params": "the ranks combined something, but not the gradients.",
-    "wrote_p_data": "after finish() the weights themselves had changed: where should the averages go?",
     "some_params": "the model has twelve gradient tensors: were they all averaged?",
     "ignores_argument": "look at what your hook does with the parameter autograd calls it with.",
     "stale_state": "the first backward's gradients were right, a later one's were not: what does your object "
@@ -60,23 +50,9 @@ NUDGES = {
                      "share?",
     "kept_works": "your gradients are right, but look at what your object still holds after finish().",
     "shared_state": "your gradients are right, but look at where your class keeps what it collects.",
-    "late_binding": "your hooks were registered in a loop: which parameter does each of them use?",
-    "hook_on_data": "look at the tensor you registered your hook on.",
-    "tensor_hook": "look at which hook you registered, and what it is called with.",
-    "hook_returned": "backward stopped in your hook: look at what it returns.",
-    "sync_in_forward": "look at when your code runs: before or after the gradients exist?",
-    "averaged_output": "look at what your code averages: the gradients, or something else?",
     "sync_in_step": "look at when your code runs: before or after finish() returns?",
-    "blocking": "your gradients are right, but each all_reduce held up the backward pass.",
-    "waited_in_hook": "your gradients are right, but each all_reduce still held up the backward pass.",
     "after_backward": "your gradients are right, but nothing travelled while backward was running.",
-    "wrong_value": "the gradients are not the mean over the ranks.",
 }
-
-
-def _grads(model: torch.nn.Module) -> List[Optional[np.ndarray]]:
-    return [None if p.grad is None else p.grad.detach().reshape(-1).double().numpy().copy()
-            for p in model.parameters()]
 
 
 def _model() -> torch.nn.Module:
@@ -85,7 +61,7 @@ def _model() -> torch.nn.Module:
         return build_net(0)
 
 
-def _references(model: torch.nn.Module, rank: int) -> Dict[str, List[List[Optional[np.ndarray]]]]:
+def _references(model: torch.nn.Module, rank: int) -> Dict[str, List[Grads]]:
     """Before any of the learner's code: each iteration's gradients of torch's DDP (on a copy; the check's own
     collectives) and this rank's own (the local model, no synchronization)."""
     ddp, local = DistributedDataParallel(copy.deepcopy(model)), copy.deepcopy(model)
@@ -95,105 +71,58 @@ def _references(model: torch.nn.Module, rank: int) -> Dict[str, List[List[Option
         for key, net, inner in (("ddp", ddp, ddp.module), ("local", local, local)):
             net.zero_grad(set_to_none=True)
             F.cross_entropy(net(x), y).backward()
-            out[key].append(_grads(inner))
+            out[key].append(grads(inner))
     return out
 
 
-def _iteration(model: torch.nn.Module, sync: Any, optimizer: torch.optim.Optimizer, running: Dict[str, Any],
-               rank: int, it: int, student_cls: Any) -> Dict[str, Any]:
-    """zero_grad, forward, backward (the learner's hooks), sync.finish(), optimizer.step(): what came out."""
-    x, y = rank_batch(rank, it, BATCH)
-    params = params_of(model)
-    model.zero_grad(set_to_none=True)
-    before = snapshot(params)
-    running.pop("returned", None)
-    try:
-        running["phase"] = "forward"
-        loss = F.cross_entropy(model(x), y)
-        running["phase"] = "backward"
-        loss.backward()
-    except Exception as e:  # noqa: BLE001 - an error in the learner's hook becomes a hint
-        return {"call": backward_error(e, student_cls, running)}
-    shared_mid = shared_containers(student_cls)
-    running["phase"] = "finish"
-    call = call_student(sync.finish)
-    call.pop("value", None)
-    running["phase"] = "after"
-    result = {"call": call, "after": _grads(model), "changed": changed_params(before, params),
-              "sentinel": [i for i, p in enumerate(params) if sentinel_read(p.grad)], "held": held_handles(sync),
-              "shared": [shared_mid, shared_containers(student_cls)]}
-    running["phase"] = "step"
-    try:
-        optimizer.step()  # lr 0: only what the learner hung on the step changes anything
-    except Exception as e:  # noqa: BLE001 - an error in the learner's step hook becomes a hint
-        if call["status"] == "ok":
-            result["call"] = backward_error(e, student_cls, running)
-    running["phase"] = "after"
-    return result
+class _ClassRun(SyncRun):
+    """Notebook 0's blanks in a rank: an object of the learner's class per copy of the model, its finish() after
+    each backward, then an optimizer step (lr 0: the weights stay) that runs whatever the learner hung on it; a
+    p.grad divided into a new tensor is recorded too."""
 
+    def __init__(self, student_cls: Any, models: List[torch.nn.Module], rank: int, local: List[Grads]):
+        super().__init__(student_cls, models, rank)
+        self.local = local
+        self.optimizers = [torch.optim.SGD(m.parameters(), lr=0.0) for m in models]
+        self.classifiers = [_classifier(m) for m in models]
 
-def _build(models: List[torch.nn.Module], student_cls: Any, running: Dict[str, Any], out: Dict[str, Any]
-           ) -> List[Any]:
-    """One object of the learner's class per model; out["call"] says how it went, out["hooks"] what each
-    registered."""
-    syncs: List[Any] = []
-    out["hooks"], out["call"] = [], {"status": "ok"}
-    for k, model in enumerate(models):
-        running["object"] = k
-        others = [p for m in models if m is not model for p in params_of(m)]
-        with watch_hooks(params_of(model), running, student_cls, foreign=others) as hooks:
-            call = call_student(student_cls, model)
-        out["hooks"].append(hooks)
-        sync = call.pop("value", None)
-        if call["status"] == "ok" and not callable(getattr(sync, "finish", None)):
-            call = {"status": "no_finish", "type": type(sync).__name__}
-        # a hook on p.data is refused as it is registered: the mistake, not torch's error, is the hint
-        out["call"] = hook_mistake(hooks) or call
-        if out["call"]["status"] != "ok":
-            break
-        syncs.append(sync)
-    return syncs
+    def make(self, model: torch.nn.Module) -> Dict[str, Any]:
+        return call_student(self.student, model)
+
+    def finish_of(self, made: Any) -> Any:
+        return getattr(made, "finish", None)
+
+    def classify(self, t: torch.Tensor) -> Tuple[str, Optional[int]]:
+        return self.classifiers[self.running["object"]](t)
+
+    def batch(self, it: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return rank_batch(self.rank, it, BATCH)
+
+    def own_grads(self, it: int, x: torch.Tensor, y: torch.Tensor) -> Grads:
+        return self.local[it]
+
+    def watch_more(self, stack: contextlib.ExitStack) -> Dict[str, List[Dict[str, Any]]]:
+        return {"divisions": stack.enter_context(watch_divisions(self._running_params, self.phase))}
+
+    def _running_params(self) -> List[torch.nn.Parameter]:
+        return params_of(self.models[self.running["object"]])
+
+    def after_finish(self, k: int, result: Dict[str, Any]) -> None:
+        self.running["phase"] = "step"
+        try:
+            self.optimizers[k].step()  # lr 0: only what the learner hung on the step changes anything
+        except Exception as e:  # noqa: BLE001 - an error in the learner's step hook becomes a hint
+            if result["call"]["status"] == "ok":
+                result["call"] = backward_error(e, self.student, self.running)
+        self.running["phase"] = "after"
 
 
 def _in_rank(rank: int, world_size: int, student_cls: Any) -> Dict[str, Any]:
     """In each rank: the references, then two objects of the learner's class and three backward passes."""
     model = _model()
-    out: Dict[str, Any] = {**_references(model, rank), "iterations": [],
-                           "shared_before": shared_containers(student_cls)}
-    models = [model, copy.deepcopy(model)]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.0) for m in models]
-    running: Dict[str, Any] = {"phase": "setup", "object": 0, "hook": None}
-    classify = [_classifier(m) for m in models]
-    phase = functools.partial(running.__getitem__, "phase")
-
-    def note() -> Dict[str, Any]:
-        return {"object": running["object"], "in_hook": running.get("hook")}
-
-    def noted(record: Dict[str, Any]) -> None:
-        record.update(phase=phase(), **note())
-
-    with contextlib.ExitStack() as stack:
-        reduced = stack.enter_context(watch_all_reduce(
-            student_cls, lambda t: classify[running["object"]](t), deferred=True, phase=phase, note=note))
-        collectives = stack.enter_context(watch_collectives(student_cls, on_call=noted))
-        divisions = stack.enter_context(watch_divisions(lambda: params_of(models[running["object"]]), phase))
-        syncs = _build(models, student_cls, running, out)
-        for it, k in enumerate(OBJECTS if out["call"]["status"] == "ok" else ()):
-            running["object"] = k
-            first = (len(reduced), len(collectives), len(divisions))
-            result = _iteration(models[k], syncs[k], optimizers[k], running, rank, it, student_cls)
-            result.update(object=k, reduced=list(range(first[0], len(reduced))),
-                          collectives=list(range(first[1], len(collectives))),
-                          divisions=list(range(first[2], len(divisions))))
-            out["iterations"].append(result)
-            if result["call"]["status"] != "ok":
-                out["call"] = result["call"]
-                break
-    for handle in running["handles"]:  # the learner's global hooks end with the check
-        handle.remove()
-    out.update(reduced=reduced, collectives=collectives, divisions=divisions, n_params=len(params_of(model)),
-               batch=BATCH)
-    return out
+    references = _references(model, rank)
+    run = _ClassRun(student_cls, [model, copy.deepcopy(model)], rank, references["local"])
+    return run.run(ddp=references["ddp"], batch=BATCH)
 
 
 def how_seen(outs: List[Dict[str, Any]]) -> str:
@@ -231,16 +160,10 @@ def _check(student_cls: Any, world_size: Optional[int], step: int) -> str:
         raise fail("not_a_class", f"pass your class itself (e.g. check(AfterBackward)), not a "
                                   f"{type(student_cls).__name__}: the check builds one per rank, as train() does.")
     notes: Dict[str, Any] = {}
-    def judged(outs: List[Dict[str, Any]], size: int) -> Any:
-        verdict = diagnose(outs, size, step, notes)
-        notes["how"] = how_seen(outs) if verdict is None else notes.get("how")
-        return verdict
-
-    sizes = check_on_2_and_3_ranks(_in_rank, judged, student_cls,
-                                   world_size,
-                                   hardcoded=(("no_divide", "divided_twice", "wrong_value", "some_params",
-                                               "wrong_divisor"),
-                                              "divide by dist.get_world_size(), not a fixed number."))
+    sizes, outs = check_sync(_in_rank, lambda outs, size: diagnose(outs, size, step, notes), student_cls,
+                             world_size, hardcoded=("no_divide", "divided_twice", "wrong_value", "some_params",
+                                                    "wrong_divisor"))
+    notes["how"] = how_seen(outs)
     return pass_line(notes, sizes)
 
 

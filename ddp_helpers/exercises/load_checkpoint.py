@@ -19,7 +19,7 @@ import torch
 from ..engine.model import fingerprint
 from ..lesson.loading import saved_as_if_on
 from ._harness import Verdict, call_student, exercise, fail, run_ranks, student_outcomes
-from ._reference import reference_model
+from ._reference import checkpoint_optimizer, reference_model
 from ._watch import patched, watch_collectives
 
 OLD_STEP, NEW_STEP = 10, 20  # the checkpoint already at `path`, and the one rank 0 writes during the check
@@ -49,7 +49,7 @@ NUDGES = {
 def checkpoint(step: int) -> Dict[str, Any]:
     """The checkpoint of `step`: a model's state_dict and its SGD state (momentum buffers), the same every time."""
     model = reference_model(step)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = checkpoint_optimizer(model)
     for p in model.parameters():
         p.grad = torch.full_like(p, 0.01 * step)  # element-wise only: bitwise the same in every process
     opt.step()

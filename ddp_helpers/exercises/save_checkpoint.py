@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..engine.model import build_model
 from ._harness import Verdict, call_student, exercise, fail, run_ranks, student_outcomes, swap_globals
-from ._reference import GRAD_BATCH, rank_batch, reference_model
+from ._reference import GRAD_BATCH, checkpoint_optimizer, rank_batch, reference_model
 
 STEP = 5  # the step number the learner's function is given and must save
 FILE_NAME = "checkpoint.pt"
@@ -36,7 +36,7 @@ def _in_rank(rank: int, world_size: int, student_fn: Callable, path: str) -> Dic
     """In each rank: one training step, then the learner's save with torch.save and os.replace/rename watched."""
     model = build_model(seed=0)
     ddp = DDP(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)  # momentum: real optimizer state to save
+    optimizer = checkpoint_optimizer(ddp)
     x, y = rank_batch(rank, 0, GRAD_BATCH)
     F.cross_entropy(ddp(x), y).backward()
     optimizer.step()
@@ -138,7 +138,7 @@ def _check_contents(ckpt: Any, params: Dict[str, torch.Tensor]) -> None:
         raise fail("stale_weights", "the saved weights are not the model's current weights.")
     if ckpt["step"] != STEP:
         raise fail("format", f"ckpt['step'] is {ckpt['step']!r}, expected the step argument ({STEP}).")
-    opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    opt = checkpoint_optimizer(fresh)
     try:
         opt.load_state_dict(ckpt["optimizer"])
     except Exception as e:  # noqa: BLE001

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..engine.config import TrainConfig
 from ..data import DataSplits, load_data, shard_indices
-from ..engine.model import build_model, fingerprint, flat_params
+from ..engine.model import build_model, build_optimizer, fingerprint, flat_params
 from ..engine.plan import StepPlan
 from ..engine.result import hex64
 
@@ -47,7 +47,7 @@ def train_single_process(cfg: TrainConfig, data: Optional[DataSplits] = None,
     torch.set_num_threads(cfg.threads_per_rank or 1)
     try:
         model = build_model(cfg.seed)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        opt = build_optimizer(model, cfg)
         losses, prints = [], []
         for _, micro in plan.steps(lambda epoch: global_micro_batches(cfg, len(labels), epoch)):
             # rank 0's samples of the step (all its micro-batches), then rank 1's, ...

@@ -41,11 +41,11 @@ def _many(rank: int, world_size: int, exercise: str, answers: list) -> list:
 
 
 def _diagnosis(exercise: str) -> Callable[[List[Dict[str, Any]], int], Optional[Verdict]]:
-    from ddp_helpers.exercises import bucketed_sync
+    from ddp_helpers.exercises import _bucket_verdicts
     from ddp_helpers.exercises._core_verdicts import diagnose
 
     if exercise == "bucketed_sync":
-        return bucketed_sync._diagnose
+        return _bucket_verdicts.diagnose
     step = 1 if exercise == "after_backward" else 2
     return lambda outs, size: diagnose(outs, size, step, {})
 

@@ -11,14 +11,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch
 
 from ..rendezvous import address_owner
-from .style import DPI, Diagram, rank_color
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+from .style import DPI, Diagram, rank_color, ranks_text
 
 
 RDV_STYLES = {
@@ -108,11 +101,11 @@ def _rendezvous_alt(panels: Mapping[str, Sequence[Mapping[str, Any]]], late: Opt
         if failed:
             missing = sorted({address_owner(e["key"]) for r in ranks for e in r["log"] if e["failed"]} - {None})
             parts.append(f"{title}: {n} ranks started; each checks in and waits for the address of "
-                         f"{_ranks_text(missing) if missing else 'a missing rank'}, which never comes, until the "
+                         f"{ranks_text(missing) if missing else 'a missing rank'}, which never comes, until the "
                          f"{'timeout' if timeout_s is None else f'{timeout_s:g} s timeout'}, when "
                          f"init_process_group raises {', '.join(failed)}.")
         else:
-            held = f" {_ranks_text([late])} was held back before it connected, so the others wait for its address;" \
+            held = f" {ranks_text([late])} was held back before it connected, so the others wait for its address;" \
                 if late is not None else ""
             parts.append(f"{title}: {n} ranks, one lane each under the store. Each connects to the store, checks "
                          "in by setting its own address key (an arrow to the store) and waits for every other "
