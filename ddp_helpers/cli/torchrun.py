@@ -183,8 +183,8 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] =
     # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
     cfg = cfg.replace(world_size=env.world_size, master_port=0)
     sizes = sizes or check_before_torch(cfg, env.local_world_size)  # this node's ranks share its cores
-    cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one
     backend = sizes.place(cfg.backend, cfg.bind_cores)  # no address: torchrun owns the rendezvous
+    cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one
     start_step = check_resume(cfg)
     threads = sizes.threads
     t_launch = time.monotonic()

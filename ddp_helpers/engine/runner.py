@@ -9,7 +9,7 @@ from typing import Callable, List, Optional
 
 from . import worker
 from .checkpoint import CheckpointError, check_resume, resolve_resume
-from .config import ConfigError, TrainConfig, check_before_torch, plan_launch
+from .config import ConfigError, TrainConfig, plan_launch
 from ..data import load_data
 from .job import Job
 from ..ranks.checks import LaunchPlan, RankSizes
@@ -110,10 +110,10 @@ def _run_training(cfg: TrainConfig, sizes: Optional[RankSizes], progress: Option
     Every check is made once, before the data loads: the settings' own when cfg was made, then these."""
     if not isinstance(rank_output, bool):
         raise ConfigError(f"run_training(rank_output={rank_output!r}) is not accepted: True or False")
-    sizes = sizes or check_before_torch(cfg)  # the paths, the ranks and threads on this machine
-    cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
+    # the paths, the ranks and threads on this machine (unless sizes says they were checked), then the plan;
     # watch_shared=False: the engine's ranks only read the data
     plan = plan_launch(cfg, sizes, start_method, watch_shared=False, quiet=not rank_output)
+    cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
     start_step = check_resume(cfg)  # a checkpoint made with other settings is refused now, not after ranks start
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
     with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal

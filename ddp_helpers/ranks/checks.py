@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
 from . import cores
-from .cores import binding_plan, cpu_budget
+from .cores import binding_plan, default_threads  # noqa: F401 - default_threads: the plan's threads
 from .startmethod import START_METHODS, resolve_start_method
 
 LAUNCH_BACKENDS = ("gloo", "nccl", "auto")
@@ -230,11 +230,6 @@ def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig") -
                 f"ranks on one GPU are refused); use {setting('world_size')}<={n_gpus}, or "
                 f"{setting('backend', 'gloo')}")
     return backend
-
-
-def default_threads(world_size: int) -> int:
-    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores (or the CPU quota)."""
-    return max(1, cpu_budget() // world_size)
 
 
 def check_binding(world_size: int, threads: int, backend: str, bind_cores: Optional[bool],

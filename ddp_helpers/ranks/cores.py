@@ -224,6 +224,11 @@ def cpu_budget() -> int:
     return cores if quota is None else max(1, min(cores, math.floor(quota + 1e-9)))
 
 
+def default_threads(world_size: int) -> int:
+    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores (or the CPU quota)."""
+    return max(1, cpu_budget() // world_size)
+
+
 def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[List[List[int]]]:
     """Disjoint cores for each rank (rank r gets `threads` of them), or None when binding would not help.
 
