@@ -183,7 +183,7 @@ def main() -> int:
     print(f"machine: {machine()}")
     print(f"data: {args.dataset}, {n} training images, {args.world_size} ranks, 1 epoch, batch 64 per rank")
     from ddp_helpers.ranks.cores import binding_plan
-    from ddp_helpers.ranks.placement import default_threads, resolve_backend
+    from ddp_helpers.ranks.checks import default_threads, resolve_backend
 
     # The launcher's own rule (bind_cores=None), so the line says what the default runs really do.
     plan = binding_plan(args.world_size, default_threads(args.world_size),

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 from ..common.errors import setting
 from ..common.files import atomic_write
 from ..data.catalog import MAX_TRAIN, steps_per_epoch  # the same step count the run's plan will use
-from ..engine.config import TrainConfig, check_types
+from ..engine.config import TrainConfig
 PLOT_NAMES = ("loss.png", "grad_norms.png", "fingerprints.png")
 # The listing's model, Flatten -> Linear(784, 10): weights and biases. A count, not the model, so that --out is
 # sized before torch is imported (test_outputs checks it against engine.model.build_model).
@@ -34,7 +34,6 @@ def estimate_bytes(cfg: TrainConfig) -> Tuple[int, int]:
     Measured against real runs (mnist-5k and Fashion-MNIST, 1-8 ranks, 5-938 steps): result.json is 0.78-0.89
     of this estimate (0.25 without telemetry), the plots 0.15-0.46 (they grow with the ranks and the steps drawn).
     """
-    check_types(cfg)  # a bad batch size is named as such, not met as a division by zero here
     steps = _steps(cfg)
     params = MODEL_PARAMS
     per_rank_step = 200 + _b64(4 * cfg.batch_size * cfg.accumulation_steps)  # numbers, hashes, sample indices

@@ -167,24 +167,26 @@ def name_earlier_partial(out: str) -> Optional[str]:
     return named
 
 
-def run_torchrun(cfg: TrainConfig, out: str, plots: bool) -> Optional[object]:
+def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] = None) -> Optional[object]:
     """One rank of a torchrun (or SLURM) job, entered the way every rank is (ranks.rank.run_rank); rank 0
     returns the result. Whatever ends the rank once its run folder exists (an error, torchrun's agent, the
-    scheduler's SIGTERM) leaves a partial result, and the last local rank out removes the folder."""
+    scheduler's SIGTERM) leaves a partial result, and the last local rank out removes the folder. sizes:
+    engine.config.check_before_torch's for this node's ranks, if the command line made them already."""
     from ..data import DataError
-    from ..engine.checkpoint import resolve_resume
-    from ..engine.job import check_job
+    from ..engine.checkpoint import check_resume, resolve_resume
+    from ..engine.config import check_before_torch
     from ..ranks.env import RankEnv
-    from ..ranks.placement import default_threads
     from ..ranks.rank import run_rank
     from ..ranks.report import error_report
 
     env = RankEnv.from_environ()
     # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).
     cfg = cfg.replace(world_size=env.world_size, master_port=0)
+    sizes = sizes or check_before_torch(cfg, env.local_world_size)  # this node's ranks share its cores
+    backend = sizes.place(cfg.backend, cfg.bind_cores)  # no address: torchrun owns the rendezvous
     cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one
-    backend, start_step = check_job(cfg, local_world_size=env.local_world_size, check_port=False)
-    threads = cfg.threads_per_rank or default_threads(env.local_world_size)  # this node's ranks share its cores
+    start_step = check_resume(cfg)
+    threads = sizes.threads
     t_launch = time.monotonic()
     try:
         run_dir = run_folder(env.master_addr, env.master_port)

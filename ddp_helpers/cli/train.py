@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import os
 import typing
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 from ..engine.config import TrainConfig
 from .outputs import say, write_outputs
@@ -68,17 +68,15 @@ def _writes_results() -> bool:
     return not under_torchrun() or os.environ["RANK"] == "0"
 
 
-def _check_paths(args: argparse.Namespace, cfg: TrainConfig) -> None:
-    """The path checks that need no torch, made before any process starts: --out can be written, --resume-from
-    is a file, --checkpoint-dir can be made. A typo there costs a tenth of a second, not a forkserver importing torch."""
-    from ..common.files import check_writable_dir, probe_output_dir
-    from ..engine.config import ConfigError, check_resume_path
+def _check_paths(args: argparse.Namespace) -> None:
+    """The command line's own path checks, made before any process starts: the temp dir, --out can be written (the
+    run's own paths, --resume-from and --checkpoint-dir: engine.config.check_before_torch). A typo there costs a
+    tenth of a second, not a forkserver importing torch."""
+    from ..common.files import probe_output_dir
+    from ..engine.config import ConfigError
     from ..ranks.cleanup import check_temp_dir
 
-    check_resume_path(cfg.resume_from)
     check_temp_dir()  # where the run folders and the forkserver's socket go
-    if cfg.checkpoint_dir is not None:
-        check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
     if _writes_results():
         try:
             probe_output_dir("--out", args.out)
@@ -113,32 +111,32 @@ def _start_forkserver_early(start_method: str) -> None:
         warm_up()
 
 
-def _check_flags(args: argparse.Namespace) -> TrainConfig:
+def _check_flags(args: argparse.Namespace) -> Tuple[TrainConfig, Any]:
     """The flags' values, the run's size, paths and room, before the modules that import torch (seconds) could say
-    it. An --out this made and then refused is removed again."""
-    from ..engine.config import check_machine, check_types
+    it; the settings and the ranks' sizes (engine.config.check_before_torch's, not made again). An --out this made
+    and then refused is removed again."""
+    from ..engine.config import check_before_torch
     from ..ranks.env import under_torchrun
     from .outputs import check_telemetry
 
-    cfg = config_from_args(args)
-    check_types(cfg)
+    cfg = config_from_args(args)  # the flags' values: TrainConfig checks them as it is made
     # before the forkserver starts (main: _start_forkserver_early); under torchrun, this node's ranks
-    check_machine(cfg, int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if under_torchrun() else cfg.world_size)
+    sizes = check_before_torch(cfg, int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if under_torchrun() else None)
     check_telemetry(cfg)  # a run too large to record is named as such, not as a lack of room in --out
     out = os.path.expanduser(args.out)
     existed = os.path.exists(out)
     try:
-        _check_paths(args, cfg)
+        _check_paths(args)
         if _writes_results():
             _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
     except BaseException:
         if not existed and os.path.isdir(out) and not os.listdir(out):
             os.rmdir(out)
         raise
-    return cfg
+    return cfg, sizes
 
 
-def _train(cfg: TrainConfig, args: argparse.Namespace) -> Optional[object]:
+def _train(cfg: TrainConfig, sizes: Any, args: argparse.Namespace) -> Optional[object]:
     """Train as this process's part: one rank of a torchrun job, or every rank started here; the result or None."""
     from ..ranks.env import under_torchrun
 
@@ -148,17 +146,16 @@ def _train(cfg: TrainConfig, args: argparse.Namespace) -> Optional[object]:
 
         # elastic's @record: an error leaves torchrun's error file, so the agent names this rank's traceback
         # as root cause (written by rename: the agent may SIGTERM this rank while it writes)
-        return record_atomically(run_torchrun)(cfg, args.out, not args.no_plots)
+        return record_atomically(run_torchrun)(cfg, args.out, not args.no_plots, sizes)
     if not args.no_plots:  # the plots are drawn without pyplot; Agg keeps any pyplot import off screens
         import matplotlib
 
         matplotlib.use("Agg")
-    from ..engine.runner import run_training
-
     from ..engine.checkpoint import CheckpointError
+    from ..engine.runner import run_checked
 
     try:
-        result = run_training(cfg, start_method=args.start_method)
+        result = run_checked(cfg, sizes, start_method=args.start_method)  # its checks before torch made above
     except CheckpointError as e:  # the training finished: its result is written, then the error said
         write_outputs(e.result, args.out, not args.no_plots)
         raise
@@ -189,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"error: {e}")
         return 2
     try:
-        cfg = _check_flags(args)
+        cfg, sizes = _check_flags(args)
     except ConfigError as e:
         say(f"error: {for_flags(e)}")
         return 2
@@ -200,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .outputs import OutputError
 
     try:
-        result = _train(cfg, args)
+        result = _train(cfg, sizes, args)
     except (ConfigError, DataError, LaunchError) as e:
         say(f"error: {for_flags(e)}")  # in the words of the command line: its flags
         return 2

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.distributed as dist
 
-from .config import RESUME_LATEST, ConfigError, TrainConfig, check_types
+from .config import RESUME_LATEST, ConfigError, TrainConfig, check_resume_path
 from ..common.errors import refused, setting
 from ..common.files import free_text
 from ..common.trusted import OutputFolder
@@ -241,7 +241,7 @@ def refuse_resume(cfg: TrainConfig, what: str) -> ConfigError:
 def _read_for_resume(cfg: TrainConfig) -> Any:
     """The checkpoint's contents, or a ConfigError saying why the file can't be read (never torch's own text).
 
-    Its path was checked by validate (config.check_resume_path): a readable file.
+    Its path was checked before (config.check_resume_path): a readable file.
     """
     path = os.path.expanduser(str(cfg.resume_from))
     size = os.path.getsize(path)
@@ -359,7 +359,9 @@ def resolve_resume(cfg: TrainConfig) -> TrainConfig:
     Every attempt of a torchrun job (--max-restarts) runs the same command: with resume_from="latest" the first
     attempt starts at step 0 and each restart continues from the last checkpoint the previous attempts wrote.
     """
-    if getattr(cfg, "resume_from", None) != RESUME_LATEST:  # not a TrainConfig: validate() says so
+    if cfg.resume_from != RESUME_LATEST:
         return cfg
-    check_types(cfg)  # "latest" needs checkpoint_dir: said in check_types' words, before the folder is read
-    return cfg.replace(resume_from=latest_checkpoint(str(cfg.checkpoint_dir)))
+    found = latest_checkpoint(str(cfg.checkpoint_dir))  # TrainConfig refuses "latest" without checkpoint_dir
+    if found is not None:
+        check_resume_path(found)  # the file this made: checked here, as the one a user names is where it is made
+    return cfg.replace(resume_from=found)

@@ -1,9 +1,9 @@
 """Training settings: TrainConfig, declared as one table, and the checks that refuse bad ones before any process starts.
 
 Each field of TrainConfig is one row of the table: its default, what it accepts (a check and the words that
-say it) and its help. The type checks (check_types), the command line's flags (cli/train.py) and its words
-(cli/words.py) are all read from these rows, so a new setting is one line here. Standard library only at
-import: the command line checks a run before torch is imported.
+say it) and its help. The type checks (check_types, which every TrainConfig runs on itself when it is made), the
+command line's flags (cli/train.py) and its words (cli/words.py) are all read from these rows, so a new setting is
+one line here. Standard library only at import: the command line checks a run before torch is imported.
 """
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 from ..common.errors import ConfigError, refused
 from ..common.errors import setting as named_setting
 from ..common.files import check_readable_file, check_writable_dir
 from ..data.catalog import DATASETS, DEFAULT_DATA_ROOT
+
+if TYPE_CHECKING:
+    from ..ranks.checks import LaunchPlan, RankSizes
 
 BACKENDS = ("auto", "gloo", "nccl")
 PIPELINES = ("default", "seed")
@@ -85,7 +88,8 @@ def setting(default: Any, check: Check, accepted: str, help: str) -> Any:
 @dataclass(frozen=True, kw_only=True)  # TrainConfig(1, 2, 3) would set fields by their order: names only
 class TrainConfig:
     """Everything one DDP training run needs; defaults reproduce Listing 7.2 (minus its flaws). Keyword
-    arguments only: TrainConfig(world_size=2, epochs=1)."""
+    arguments only: TrainConfig(world_size=2, epochs=1). A value it can't hold is refused when it is made
+    (replace() and from_dict() included), naming the setting and what is accepted."""
 
     world_size: int = setting(2, ints(1), "an int >= 1, e.g. world_size=2",
                               "processes (ranks) to start; the listing uses one per GPU")
@@ -147,6 +151,9 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig{args!r} is not accepted: settings are given by name, e.g. "
                               "TrainConfig(world_size=2, epochs=1) (help(TrainConfig) lists them)")
         return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        check_types(self)  # checked where it is made: every TrainConfig in existence holds accepted values
 
     def replace(self, **changes: Any) -> "TrainConfig":
         """A copy with some fields changed (an unknown name is refused, with the known ones)."""
@@ -215,36 +222,39 @@ def check_resume_path(resume_from: Optional[str]) -> None:
                         empty=f"a checkpoint file that a run with {named_setting('checkpoint_dir')} wrote")
 
 
-def check_machine(cfg: TrainConfig, local_world_size: int) -> None:
-    """Refuse more ranks (on this machine), or threads per rank, than it can run (ranks/limits.py)."""
+def check_before_torch(cfg: TrainConfig, local_world_size: Optional[int] = None) -> "RankSizes":
+    """A run's checks that need no torch, each made once: the resume file, checkpoint_dir, and the ranks and
+    threads this machine can run (ranks/checks.py; their sizes returned). The command line makes them before torch
+    loads. Under torchrun, local_world_size is this node's ranks, which already run: the room left for processes
+    no longer has to hold them."""
+    from ..ranks.checks import RankSizes
     from ..ranks.env import under_torchrun
-    from ..ranks.limits import check_world_size
 
-    # Under torchrun the ranks already run: the room left for processes no longer has to hold them.
-    check_world_size(local_world_size, cfg.threads_per_rank, rooms=[] if under_torchrun() else None)
-
-
-def validate(cfg: TrainConfig, local_world_size: Optional[int] = None, check_port: bool = True) -> str:
-    """Run every check that can be made before launching; return the resolved backend.
-
-    Under torchrun, local_world_size is the ranks on this node (they share its GPUs and cores) and
-    check_port=False: torchrun owns the rendezvous port.
-    """
-    from ..ranks.placement import check_address, check_binding, default_threads, resolve_backend
-
-    if not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}; build one with TrainConfig(...)")
-    check_types(cfg)
     check_resume_path(cfg.resume_from)
-    local = local_world_size or cfg.world_size
-    check_machine(cfg, local)
-    backend = resolve_backend(cfg.backend, local)
-    check_binding(local, cfg.threads_per_rank or default_threads(local), backend, cfg.bind_cores)
-    if check_port:
-        check_address(cfg.master_addr, cfg.master_port)
     if cfg.checkpoint_dir is not None:
         check_writable_dir("checkpoint_dir", str(cfg.checkpoint_dir))
-    return backend
+    return RankSizes.checked(local_world_size or cfg.world_size, cfg.threads_per_rank, owner="TrainConfig",
+                             room=not under_torchrun())
 
 
-__all__ = ["TrainConfig", "ConfigError", "validate", "check_types", "check_resume_path", "RESUME_LATEST"]
+def plan_launch(cfg: TrainConfig, sizes: "Optional[RankSizes]" = None, start_method: str = "auto",
+                **rest: Any) -> "LaunchPlan":
+    """The launch of cfg's ranks, checked before any process starts (ranks/checks.LaunchPlan.checked: the start
+    method, the backend and its GPUs, the core binding, master_addr and master_port); sizes: check_before_torch's
+    if made already (the command line's), else made here; rest: the plan's run_dir, on_poll, quiet..."""
+    from ..ranks.checks import LaunchPlan
+
+    return LaunchPlan.checked(sizes or check_before_torch(cfg), cfg.backend, start_method, cfg.master_addr,
+                              cfg.master_port, cfg.timeout_s, cfg.bind_cores, names=("master_addr", "master_port"),
+                              **rest)
+
+
+def validate(cfg: TrainConfig, start_method: str = "auto") -> str:
+    """Run every check that can be made before launching (run_training makes the same ones); the resolved backend."""
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}; build one with TrainConfig(...)")
+    return plan_launch(cfg, start_method=start_method).backend
+
+
+__all__ = ["TrainConfig", "ConfigError", "validate", "check_types", "check_resume_path", "check_before_torch",
+           "plan_launch", "RESUME_LATEST"]

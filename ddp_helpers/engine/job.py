@@ -1,32 +1,24 @@
-"""What every training run shares, whether run_training starts the ranks or torchrun did: the checks, the resume
-check, the step plan, the size of each rank's tables, and the TrainResult read from the run folder at the end."""
+"""What every training run shares, whether run_training starts the ranks or torchrun did: the step plan, the size
+of each rank's tables (checked), and the TrainResult read from the run folder at the end."""
 from __future__ import annotations
 
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 
 from ..common.errors import setting
 from ..common.files import free_text
 from ..ranks.lifetime import peak_rss_bytes
-from .checkpoint import check_checkpoint_room, check_resume
-from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig, validate
+from .checkpoint import check_checkpoint_room
+from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig
 from ..data import DataSplits
 from .model import build_model, n_params
 from .plan import StepPlan
 from .result import TrainResult, collect_result
 from .telemetry import RunRows, TableShape
-
-
-def check_job(cfg: TrainConfig, local_world_size: Optional[int] = None,
-              check_port: bool = True) -> Tuple[str, int]:
-    """Every check that can be made before training (settings, machine, resume file); (backend, resume step)."""
-    backend = validate(cfg, local_world_size=local_world_size, check_port=check_port)
-    start_step = check_resume(cfg)  # a checkpoint made with other settings is refused now, not after ranks start
-    return backend, start_step
 
 
 def check_not_past_end(cfg: TrainConfig, plan: StepPlan) -> None:
@@ -87,7 +79,7 @@ class Job:
 
     @classmethod
     def create(cls, cfg: TrainConfig, backend: str, data: DataSplits, run_dir: str, start_step: int = 0) -> "Job":
-        """The plan (resuming after start_step, as check_job found it), its tables' size checked."""
+        """The plan (resuming after start_step, as checkpoint.check_resume found it), its tables' size checked."""
         plan = StepPlan.for_run(cfg, len(data.train_labels), cfg.world_size, start_step)
         check_not_past_end(cfg, plan)
         params = n_params(build_model(cfg.seed))

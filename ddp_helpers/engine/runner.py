@@ -1,20 +1,21 @@
 """run_training: check the settings, load the data once, launch the ranks, show progress, return a TrainResult."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 from typing import Callable, List, Optional
 
 from . import worker
-from .checkpoint import CheckpointError, resolve_resume
-from .config import ConfigError, TrainConfig
+from .checkpoint import CheckpointError, check_resume, resolve_resume
+from .config import ConfigError, TrainConfig, plan_launch
 from ..data import load_data
-from .job import Job, check_job
+from .job import Job
+from ..ranks.checks import LaunchPlan, RankSizes
 from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from ..ranks.ending import interrupts_deferred
-from ..ranks.launcher import LaunchInterrupted, RankFailedError, check_start_method, launch
-from ..ranks.placement import default_threads
+from ..ranks.launcher import LaunchInterrupted, RankFailedError, run_plan
 from .result import TrainResult
 from .telemetry import RunRows
 
@@ -84,8 +85,17 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     print (torch's warnings), prefixed "[rank r] " as launch() shows a function's; by default the engine's ranks,
     which run only the package's code, stay silent, and a failure shows the failed rank's last lines.
     """
+    return run_checked(cfg, None, progress, start_method, on_progress, rank_output, overrides)
+
+
+def run_checked(cfg: Optional[TrainConfig], sizes: Optional[RankSizes], progress: Optional[bool] = None,
+                start_method: str = "auto", on_progress: Optional[Callable[[List[int], int], None]] = None,
+                rank_output: bool = False, overrides: Optional[dict] = None) -> TrainResult:
+    """run_training(cfg) whose checks that need no torch were made already (sizes: config.check_before_torch's,
+    which the command line makes before torch loads); None: made here."""
     try:
-        return _run_training(cfg, progress, start_method, on_progress, rank_output, overrides)
+        cfg = _settings(cfg, progress, on_progress, overrides or {})
+        return _run_training(cfg, sizes, progress, start_method, on_progress, rank_output)
     except KeyboardInterrupt as e:
         if isinstance(e, LaunchInterrupted):
             raise
@@ -94,23 +104,24 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
                                 "(.partial_result is None)") from None
 
 
-def _run_training(cfg: Optional[TrainConfig], progress: Optional[bool], start_method: str,
-                  on_progress: Optional[Callable[[List[int], int], None]], rank_output: bool,
-                  overrides: dict) -> TrainResult:
-    """run_training, a Ctrl-C before the launch's watch left raw (run_training turns it into LaunchInterrupted)."""
-    cfg = _settings(cfg, progress, on_progress, overrides)
+def _run_training(cfg: TrainConfig, sizes: Optional[RankSizes], progress: Optional[bool], start_method: str,
+                  on_progress: Optional[Callable[[List[int], int], None]], rank_output: bool) -> TrainResult:
+    """run_training, a Ctrl-C before the launch's watch left raw (run_training turns it into LaunchInterrupted).
+    Every check is made once, before the data loads: the settings' own when cfg was made, then these."""
     if not isinstance(rank_output, bool):
         raise ConfigError(f"run_training(rank_output={rank_output!r}) is not accepted: True or False")
+    # the paths, the ranks and threads on this machine (unless sizes says they were checked), then the plan;
+    # watch_shared=False: the engine's ranks only read the data
+    plan = plan_launch(cfg, sizes, start_method, watch_shared=False, quiet=not rank_output)
     cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
-    backend, start_step = check_job(cfg)
-    check_start_method(start_method)  # before the data loads (check_job has checked the rest)
+    start_step = check_resume(cfg)  # a checkpoint made with other settings is refused now, not after ranks start
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
     with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
         run_dir = None
         try:
             run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
-            return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress,
-                             rank_output)
+            return _train_in(dataclasses.replace(plan, run_dir=run_dir), cfg, start_step, data, progress,
+                             on_progress)
         finally:
             if run_dir is not None:
                 remove_run_dir(run_dir)
@@ -131,10 +142,10 @@ def _settings(cfg: Optional[TrainConfig], progress: object, on_progress: object,
     return cfg.replace(**overrides) if overrides else cfg
 
 
-def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, data, progress: Optional[bool],
-              start_method: str, on_progress: Optional[Callable[[List[int], int], None]],
-              rank_output: bool = False) -> TrainResult:
-    """run_training's launch and result, with every rank's rows in run_dir."""
+def _train_in(plan: LaunchPlan, cfg: TrainConfig, start_step: int, data, progress: Optional[bool],
+              on_progress: Optional[Callable[[List[int], int], None]]) -> TrainResult:
+    """run_training's launch and result, with every rank's rows in the plan's run folder."""
+    run_dir, backend = str(plan.run_dir), plan.backend
     job = Job.create(cfg, backend, data, run_dir, start_step)
     bar = None
     try:
@@ -146,11 +157,8 @@ def _train_in(run_dir: str, cfg: TrainConfig, backend: str, start_step: int, dat
         if shared is not None:
             shared.train_normalized()
         job.t_launch = time.monotonic()
-        outputs = launch(worker.train, cfg.world_size, args=(cfg, backend, shared, run_dir), backend=backend,
-                         host=cfg.master_addr, port=cfg.master_port, timeout_s=cfg.timeout_s,
-                         threads_per_rank=cfg.threads_per_rank or default_threads(cfg.world_size), on_poll=bar,
-                         start_method=start_method, bind_cores=cfg.bind_cores, run_dir=run_dir,
-                         watch_shared=False, quiet=not rank_output)  # the engine's ranks only read the data
+        # the plan as checked before the data loaded, with the progress bar between polls
+        outputs = run_plan(dataclasses.replace(plan, on_poll=bar), worker.train, (cfg, backend, shared, run_dir))
         result = job.result(final_params=outputs[0]["final_params"])
     except RankFailedError as e:
         e.partial_result = job.result(complete=False)  # every step the ranks recorded before the failure

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..ranks.placement import free_port
+from ..ranks.checks import free_port
 from ._errors import error_report
 from ._harness import (COLLECTIVE_TIMEOUT_S, Mistake, RankReport, call_student, exercise, fail, run_ranks,
                        student_outcomes, swap_globals)

@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
-from ..engine.config import BACKENDS, DATASETS, ConfigError, TrainConfig, validate
+from ..engine.config import BACKENDS, DATASETS, ConfigError, TrainConfig
 from ..data import DataError
 from ..ranks.launcher import LaunchError, RankFailedError
 from ..engine.result import TrainResult
@@ -115,15 +115,14 @@ class ControlPanel:
 
     # ------------------------------------------------------------------------------------------- settings
     def config(self) -> TrainConfig:
-        """The TrainConfig the widgets describe (not yet validated)."""
-        return self.base.replace(world_size=int(self.world_size.value), backend=self.backend.value,
-                                 dataset=self.dataset.value, batch_size=int(self.batch_size.value),
-                                 lr=float(self.lr.value), epochs=int(self.epochs.value))
+        """The TrainConfig the widgets describe (a ConfigError for a value it can't hold)."""
+        return self.base.replace(**self.settings())
 
     def settings(self) -> Dict[str, Any]:
-        """The widget values, for short displays."""
-        cfg = self.config()
-        return {k: getattr(cfg, k) for k in ("world_size", "backend", "dataset", "batch_size", "lr", "epochs")}
+        """The widget values, for short displays (shown as they are, also where TrainConfig would refuse one)."""
+        return {"world_size": int(self.world_size.value), "backend": self.backend.value,
+                "dataset": self.dataset.value, "batch_size": int(self.batch_size.value),
+                "lr": float(self.lr.value), "epochs": int(self.epochs.value)}
 
     # ---------------------------------------------------------------------------------------------- train
     def train(self) -> Optional[TrainResult]:
@@ -167,9 +166,9 @@ class ControlPanel:
         return result
 
     def _run(self, run: int):
-        """Check the settings, then train; returns the TrainResult and the seconds it took."""
+        """Train; returns the TrainResult and the seconds it took (run_training checks the settings before any
+        process starts; a refusal clears the bars made here: _failed)."""
         cfg = self.config()
-        validate(cfg)  # a bad setting is reported before any bar or process appears
         self._make_bars(cfg.world_size)
         method = resolve_start_method(self.start_method)
         self._set_status("busy", f"run {run}: training {cfg.world_size} rank(s) ({method})...")

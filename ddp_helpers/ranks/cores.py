@@ -1,10 +1,18 @@
-"""Which cores the ranks run on: the usable cores, the container's CPU quota (cgroup v2 and v1), the budget they
-leave, the core-binding plan, and binding a thread to its cores (or undoing an inherited binding)."""
+"""This machine's room for ranks: the usable cores, the container's CPU quota and the budget they leave, the
+processes it may still start (RLIMIT_NPROC, the cgroup's pids.max) and those a launch ended still leaving; the
+cgroup tree read by one walk (v2 and v1); the core-binding plan, and binding a thread to its cores (or undoing an
+inherited binding). Probes only: ranks/checks.py refuses what they can't hold. Standard library only (psutil only
+where a process limit is set)."""
 from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+try:
+    import resource
+except ImportError:  # Windows: no RLIMIT_NPROC
+    resource = None  # type: ignore[assignment]
 
 _ALL_CORES_ENV = "DDP_HELPERS_ALL_CORES"  # the cores the launcher could use, for processes a bound rank starts
 
@@ -24,27 +32,34 @@ def cpu_quota(cgroup_file: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/cg
     Reads cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us, on the process's cgroup and
     its parents (the tightest limit wins).
     """
+    limits = cgroup_limits("cpu", _read_cpu_max, _read_cfs_quota, cgroup_file, fs_root)
+    return min(limits) if limits else None
+
+
+def cgroup_limits(controller: str, read_v2: Callable[[str], Any], read_v1: Callable[[str], Any],
+                  cgroup_file: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/cgroup") -> List[Any]:
+    """What read_v2 (cgroup v2's tree) or read_v1 (v1's `controller` tree) finds, not None, in the folder of this
+    process's cgroup and each parent: the one walk of the cgroup tree (for the CPU quota and the pids room)."""
     try:
         with open(cgroup_file) as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
-    limits = []
+        return []
+    found: List[Any] = []
     for line in lines:
         parts = line.split(":", 2)  # hierarchy id : controllers : path
         if len(parts) != 3:
             continue
         _, controllers, path = parts
         if controllers == "":  # cgroup v2: one unified tree
-            limits += _walk_limits(fs_root, path, _read_cpu_max)
-        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's own tree
+            found += _walk_limits(fs_root, path, read_v2)
+        elif controller in controllers.split(","):  # cgroup v1: the controller's own tree
             mount = os.path.join(fs_root, controllers)
-            limits += _walk_limits(mount if os.path.isdir(mount) else os.path.join(fs_root, "cpu"), path,
-                                   _read_cfs_quota)
-    return min(limits) if limits else None
+            found += _walk_limits(mount if os.path.isdir(mount) else os.path.join(fs_root, controller), path, read_v1)
+    return found
 
 
-def _walk_limits(mount: str, path: str, read) -> List[float]:
+def _walk_limits(mount: str, path: str, read: Callable[[str], Any]) -> List[Any]:
     # Inside a container the process's path may not exist under the mount (the mount is already its own cgroup):
     # then only the mount itself is read.
     here = os.path.join(mount, path.lstrip("/"))
@@ -80,11 +95,138 @@ def _read_cfs_quota(d: str) -> Optional[float]:
         return None
 
 
+# ---------------------------------------------------------------- the processes this machine may still start
+def _read_pids_room(folder: str) -> Optional[Tuple[int, str]]:
+    """(tasks a pids cgroup folder may still start, what says so), None where pids.max is absent or "max"."""
+    limit, used = _read_int(os.path.join(folder, "pids.max")), _read_int(os.path.join(folder, "pids.current"))
+    if limit is None:
+        return None
+    return limit - (used or 0), os.path.join(folder, "pids.max") + f"={limit}, {used or 0} in use"
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def cgroup_pids_room(cgroup_file: str = "/proc/self/cgroup",
+                     fs_root: str = "/sys/fs/cgroup") -> Optional[Tuple[int, str]]:
+    """(tasks this cgroup may still start, which file says so) for the tightest pids.max on the process's
+    cgroup and its parents (cgroup v2, or v1's pids controller), None when none is set."""
+    rooms = cgroup_limits("pids", _read_pids_room, _read_pids_room, cgroup_file, fs_root)
+    return min(rooms, key=lambda room: room[0]) if rooms else None
+
+
+def nproc_room() -> Optional[Tuple[int, str]]:
+    """(tasks this user may still start, what says so) under RLIMIT_NPROC, None when unlimited or not enforced."""
+    if resource is None:  # Windows: no such limit
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft == resource.RLIM_INFINITY or os.geteuid() == 0:  # root is exempt (CAP_SYS_RESOURCE)
+        return None
+    return soft - _user_tasks(), f"RLIMIT_NPROC={soft} (ulimit -u), {_user_tasks()} of this user's in use"
+
+
+def _user_tasks() -> int:
+    """Threads of every process of this user (what RLIMIT_NPROC counts)."""
+    import psutil
+
+    uid, total = os.getuid(), 0
+    for p in psutil.process_iter(["uids", "num_threads"]):
+        uids, threads = p.info["uids"], p.info["num_threads"]
+        if uids is not None and uids.real == uid:
+            total += threads or 1
+    return total
+
+
+def room_limits() -> List[Tuple[int, str]]:
+    """Every process limit that applies here: (tasks still allowed, its name and figures)."""
+    return [r for r in (cgroup_pids_room(), nproc_room()) if r is not None]
+
+
+LEAVING_WAIT_S = 5.0  # the next launch waits this long at most for them: each exit ends the wait as it comes
+_ENDED_GROUPS: "dict[int, None]" = {}  # the process groups of the ranks this process's launches ended (newest last)
+_ENDED_KEPT = 256
+
+
+def note_ended(groups: List[int]) -> None:
+    """A launch ended ranks leading these process groups (ranks/ending.py): what is still in them is leaving."""
+    for group in groups:
+        _ENDED_GROUPS.pop(group, None)
+        _ENDED_GROUPS[group] = None
+    while len(_ENDED_GROUPS) > _ENDED_KEPT:
+        del _ENDED_GROUPS[next(iter(_ENDED_GROUPS))]
+
+
+def leaving() -> List[int]:
+    """The pids, in the groups of ranks this process ended, of processes that are exiting or exited (Linux's
+    /proc/<pid>/stat: state Z or X, or the PF_EXITING flag): a pids cgroup and RLIMIT_NPROC count them until
+    their parent collects them. Killed children of a torch rank take a while to exit (their memory is torn down)."""
+    if not _ENDED_GROUPS or not os.path.isdir("/proc/self"):
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(name)
+            if fields and int(fields[2]) in _ENDED_GROUPS and (fields[0] in "ZXx" or int(fields[6]) & 0x4):
+                found.append(int(name))
+    return found
+
+
+def _stat_fields(pid: str) -> List[str]:
+    """/proc/<pid>/stat's fields after the command's name (state, ppid, pgrp, ..., flags at [6])."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return []
+
+
+def wait_for_leaving(timeout_s: Optional[float] = None) -> bool:
+    """Wait until every leaving process (leaving()) has exited, each exit an event (a pidfd, Linux >= 5.3);
+    True if there were any (the room is worth reading again), False if none or no way to wait for them."""
+    import select
+    import time
+
+    pids = leaving()
+    if not pids or not hasattr(os, "pidfd_open"):
+        return bool(pids)
+    deadline = time.monotonic() + (LEAVING_WAIT_S if timeout_s is None else timeout_s)
+    fds = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except OSError:  # gone already
+                pass
+        poller = select.poll()  # not select(): no limit on the fds' numbers
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        while fds and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                poller.unregister(fd)
+                fds.remove(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
 def cpu_budget() -> int:
     """Whole CPUs this process can keep busy: its usable cores, capped by its cgroup's CPU quota (at least 1)."""
     cores = len(usable_cores())
     quota = cpu_quota()
     return cores if quota is None else max(1, min(cores, math.floor(quota + 1e-9)))
+
+
+def default_threads(world_size: int) -> int:
+    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores (or the CPU quota)."""
+    return max(1, cpu_budget() // world_size)
 
 
 def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[List[List[int]]]:

@@ -10,7 +10,7 @@ import time
 from typing import Any, FrozenSet, Iterator, List, Optional
 
 from .lifetime import kill_group
-from .limits import note_ended
+from .cores import note_ended
 
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
 LAUNCH_MARK = "DDP_HELPERS_LAUNCH"  # in every rank's environment, so in everything a rank starts

@@ -1,18 +1,15 @@
 """launch(): start N ranks from a notebook or script, watch them, and end them all cleanly whatever happens."""
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
-import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from ..common.errors import ConfigError, SaysSettings, refused, render, setting
-from ..common.torch_state import half_imported, import_torch
-from .arguments import check_flags, check_launch_arguments
 from .boot import rank_main
 from .cells import name_cells
+from .checks import SERVER_EXIT_S, SETTLE_S, LaunchError, LaunchPlan, check_start_method, launch_plan, window_s
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from .echo import LaunchEcho, echo_for
 from .joining import RankExited, RankProcesses
@@ -20,47 +17,17 @@ from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_def
 from .env import RankSpec, launched_env
 from .outbox import log_path
 from .payload import Deferred, tensors_in
-from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
 from .ranklog import LogKeeper, keeper_for, printable
 from .report import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
 from .shared_watch import SharedWatch
-from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
+from .startmethod import prepare_forkserver
 from .store import bind_listener, serve_store
 
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
 # module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
 
-__all__ = ["GRACE_S", "SERVER_EXIT_S", "SETTLE_S", "LaunchError", "LaunchInterrupted", "RankFailedError",
-           "check_launch", "check_start_method", "launch", "raised_in_collective", "stop_processes", "window_s"]
-
-# Two windows of the failure path, in seconds. Each is ended early by its event (a zombie server, the other ranks'
-# exit), so a higher value costs nothing when all goes well; the environment variable overrides the default, read
-# at each use (a test under load sets it high so that only the event ends the wait, never the clock).
-SERVER_EXIT_S = 2.0  # DDP_HELPERS_SERVER_EXIT_S: a killed forkserver has this long to be seen dead (zombie or gone)
-SETTLE_S = 0.3  # DDP_HELPERS_SETTLE_S: after a failure, this long for the other ranks to publish their last step
-
-
-def window_s(name: str) -> float:
-    """SERVER_EXIT_S or SETTLE_S: DDP_HELPERS_<name> from the environment if set, else the module's value."""
-    text = os.environ.get(f"DDP_HELPERS_{name}")
-    if text is None:
-        return globals()[name]
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"DDP_HELPERS_{name}={text!r} is not a positive number of seconds; "
-                          f"unset it for the default ({globals()[name]})")
-    return value
-
-
-class LaunchError(SaysSettings, RuntimeError):
-    """The ranks could not be started as asked (raised before any process starts)."""
-
-    def __init__(self, message: object = "", *rest: object):
-        self.marked = str(message)
-        super().__init__(render(self.marked), *rest)
+__all__ = ["GRACE_S", "SERVER_EXIT_S", "SETTLE_S", "LaunchError", "LaunchInterrupted", "LaunchPlan", "RankFailedError",
+           "check_start_method", "launch", "raised_in_collective", "run_plan", "stop_processes", "window_s"]
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -74,60 +41,6 @@ class LaunchInterrupted(KeyboardInterrupt):
 
     def _render_traceback_(self) -> List[str]:
         return [f"KeyboardInterrupt: {self.what}"]
-
-
-def check_start_method(start_method: str) -> str:
-    """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
-    if not isinstance(start_method, str) or start_method not in START_METHODS:
-        raise refused("start_method", start_method, f"one of {START_METHODS}", owner="launch()")
-    method = resolve_start_method(start_method)
-    if method not in multiprocessing.get_all_start_methods():
-        raise LaunchError(f"{setting('start_method', start_method)} is not available on {sys.platform}; use "
-                          f"{setting('start_method', 'auto')} (forkserver where available, else spawn)")
-    if method == "fork" and _cuda_initialized():
-        raise LaunchError(f"{setting('start_method', 'fork')} refused: CUDA is already initialized in this "
-                          f"process and a forked child can't use it. Use {setting('start_method', 'auto')} (the "
-                          "default), which starts the ranks from a clean server process")
-    if method != "fork":
-        _check_main_module(method)
-    return method
-
-
-def _cuda_initialized() -> bool:
-    import torch  # a forked rank is a copy of this process, so it holds torch anyway
-
-    return torch.cuda.is_initialized()
-
-
-def _check_main_module(method: str) -> None:
-    # spawn and forkserver start each rank by re-importing the main program: refuse one with no file to import.
-    main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
-        return  # python -m package.module: re-imported by name
-    path = getattr(main, "__file__", None)  # None in Jupyter, the REPL and python -c: nothing is re-imported
-    if path is not None and not os.path.isfile(path):
-        raise LaunchError(f"{setting('start_method', method)} can't start ranks from a program read from {path}: "
-                          "each rank re-imports the main program from its file. Save the code to a file and run that")
-
-
-def check_launch(world_size: int, backend: str, host: str, port: int, timeout_s: float = 60.0) -> str:
-    """Everything that can be refused before a process starts (but the start method); returns the backend."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ConfigError(f"launch(world_size={world_size!r}) is not accepted: an int >= 1")
-    check_timeout(timeout_s, owner="launch()")
-    backend = resolve_backend(backend, world_size)
-    check_address(host, port, owner="launch()", names=("host", "port"))
-    for name in ("SERVER_EXIT_S", "SETTLE_S"):
-        window_s(name)  # a bad DDP_HELPERS_ override is said now, not in the middle of a failure
-    return backend
-
-
-def _check_binding(world_size: int, threads: int, backend: str, bind_cores: Optional[bool]) -> None:
-    try:
-        check_binding(world_size, threads, backend, bind_cores, owner="launch()")
-    except ConfigError as e:
-        raise LaunchError(f"{e.marked}. Use {setting('bind_cores', None)} to bind only when possible, or fewer ranks "
-                          f"or {setting('threads_per_rank')}") from None
 
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "gloo", start_method: str = "auto",
@@ -158,26 +71,21 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     (it stays in the rank's log, whose last lines a failure shows). A traceback or warning from a function
     defined in a notebook cell names the cell as IPython does ("Cell In[3], line 5").
     """
-    check_launch_arguments(fn, world_size, args, backend, host, port, threads_per_rank, on_poll, poll_s, bind_cores,
-                           init_group, run_dir, watch_shared)
-    check_flags(quiet=quiet)
-    if half_imported():
-        import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
-    method = check_start_method(start_method)  # torch is imported only where the launch needs it (fork, GPUs)
-    backend = check_launch(world_size, backend, host, port, timeout_s)
-    threads = threads_per_rank or default_threads(world_size)
-    if init_group:
-        _check_binding(world_size, threads, backend, bind_cores)
-    watch = SharedWatch(_sendable(fn, args, method)) if watch_shared else None  # said now, before any starts
+    return run_plan(launch_plan(fn, world_size, args, backend, start_method, host, port, timeout_s, threads_per_rank,
+                                on_poll, poll_s, bind_cores, init_group, run_dir, watch_shared, quiet), fn, args)
+
+
+def run_plan(plan: LaunchPlan, fn: Callable, args: tuple = ()) -> List[Any]:
+    """launch() for a plan already checked (LaunchPlan.checked: launch()'s arguments, or run_training's settings)."""
+    watch = SharedWatch(_sendable(fn, args, plan.method)) if plan.watch_shared else None  # said now, before any starts
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
     made = None  # the run folder this call makes (and removes), once it exists
     with EndOnSignals():
         try:
-            if run_dir is None:
-                run_dir = made = new_run_dir()
-            plan = LaunchPlan(method, world_size, backend, host, port, timeout_s, threads, bind_cores, init_group,
-                              run_dir, on_poll, poll_s)
-            return _launch(plan, Deferred((fn, args)), procs, echo_for(run_dir, world_size, quiet))
+            if plan.run_dir is None:
+                made = new_run_dir()
+                plan = dataclasses.replace(plan, run_dir=made)
+            return _launch(plan, Deferred((fn, args)), procs, echo_for(plan.run_dir, plan.world_size, plan.quiet))
         finally:
             if made is not None:
                 remove_run_dir(made)
@@ -198,29 +106,6 @@ def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
                           "uses, or an argument, holds something that can't be (an open file, a lock, a socket, a "
                           "generator, a model on a GPU...); make it inside the function instead, or pass what it is "
                           "made from") from None
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """What one launch runs, its arguments checked and resolved (as torch's LaunchConfig is for elastic_launch)."""
-
-    method: str  # the start method, resolved: "forkserver", "spawn" or "fork"
-    world_size: int
-    backend: str  # resolved: "gloo" or "nccl"
-    host: str
-    port: int  # 0: a free one
-    timeout_s: float
-    threads: int  # per rank
-    bind_cores: Optional[bool]
-    init_group: bool
-    run_dir: str
-    on_poll: Optional[Callable[[], None]]
-    poll_s: float
-
-    @property
-    def mark(self) -> str:
-        """The launch's mark, in every rank's environment: its run folder's name."""
-        return os.path.basename(self.run_dir.rstrip(os.sep))
 
 
 def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optional[LaunchEcho]) -> List[Any]:
@@ -264,7 +149,7 @@ def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optiona
 def _listen(host: str, port: int, listen: bool):
     try:
         return bind_listener(host, port, listen)
-    except OSError as e:  # taken between check_launch and now
+    except OSError as e:  # taken between LaunchPlan.checked and now
         raise LaunchError(f"launch(port={port}) can't listen on {host}: {e}; use port=0 (a free port)") from None
 
 

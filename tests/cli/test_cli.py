@@ -226,7 +226,7 @@ def test_cli_plain_bool_flag_refuses_auto(capsys):
 
 
 def test_default_threads_follow_the_usable_cores(monkeypatch):
-    import ddp_helpers.ranks.placement as C
+    import ddp_helpers.ranks.checks as C
     import ddp_helpers.ranks.cores as P
 
     monkeypatch.setattr(P, "usable_cores", lambda: [4, 5, 6, 7, 8, 9])  # e.g. taskset -c 4-9
@@ -321,7 +321,7 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
     monkeypatch.setenv("RANK", "0")  # torchrun's rank 0 checks --out; read only under torchrun
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(ddp_helpers.cli.train, "_check_room", lambda *a: steps.append("room"))
-    monkeypatch.setattr(ddp_helpers.engine.runner, "run_training", train)
+    monkeypatch.setattr(ddp_helpers.engine.runner, "run_checked", train)
     monkeypatch.setattr(ddp_helpers.cli.torchrun, "run_torchrun", train)
     with pytest.raises(_Started):
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
@@ -348,7 +348,7 @@ def test_cli_as_a_task_of_srun_is_one_rank_of_the_job(monkeypatch, tmp_path):
 
     seen = {}
 
-    def rank(cfg, out, plots):
+    def rank(cfg, out, plots, sizes):
         seen.update({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                                  "MASTER_ADDR", "MASTER_PORT")})
         raise _Started
@@ -358,7 +358,7 @@ def test_cli_as_a_task_of_srun_is_one_rank_of_the_job(monkeypatch, tmp_path):
         raise _Started
 
     monkeypatch.setattr(ddp_helpers.cli.torchrun, "run_torchrun", rank)
-    monkeypatch.setattr(ddp_helpers.engine.runner, "run_training", launch)
+    monkeypatch.setattr(ddp_helpers.engine.runner, "run_checked", launch)
     _as_srun_task(monkeypatch, SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_LOCALID="0",
                   SLURM_NODEID="1", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="node[3-4]",
                   SLURM_STEP_TASKS_PER_NODE="1(x2)")
@@ -394,7 +394,7 @@ def test_cli_sets_up_matplotlib_only_when_it_draws(monkeypatch, tmp_path, flags,
 
     monkeypatch.setattr(matplotlib, "use", backends.append)
     monkeypatch.setattr(ddp_helpers.ranks.startmethod, "warm_up", lambda: None)
-    monkeypatch.setattr(ddp_helpers.engine.runner, "run_training", train)
+    monkeypatch.setattr(ddp_helpers.engine.runner, "run_checked", train)
     with pytest.raises(_Started):
         main(["--dataset", "mnist-5k", "--max-steps", "2", *flags, "--out", str(tmp_path / "out")])
     assert backends == (["Agg"] if backend_set else [])

@@ -125,7 +125,7 @@ def _main_filling(disk, tmp_path, monkeypatch, capfd, leave: int):
     import ddp_helpers.engine.runner as R
     from ddp_helpers.cli.train import main
 
-    real = R.run_training
+    real = R.run_checked
     filled = []
 
     def fill_once(steps, total):
@@ -133,7 +133,7 @@ def _main_filling(disk, tmp_path, monkeypatch, capfd, leave: int):
             _fill(disk, leave)
             filled.append(min(steps))
 
-    monkeypatch.setattr(R, "run_training", lambda *a, **k: real(*a, on_progress=fill_once, **k))
+    monkeypatch.setattr(R, "run_checked", lambda *a, **k: real(*a, on_progress=fill_once, **k))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where a result --out can't take is kept
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     code = main(["--dataset", "mnist-5k", "--epochs", "3", "--batch-size", "16", "--threads-per-rank", "1",

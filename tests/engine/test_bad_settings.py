@@ -98,7 +98,7 @@ def test_too_many_nccl_ranks_refused(monkeypatch):
 
 
 def test_auto_backend_picks_gloo_without_enough_gpus(monkeypatch):
-    from ddp_helpers.ranks.placement import resolve_backend
+    from ddp_helpers.ranks.checks import resolve_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

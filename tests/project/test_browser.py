@@ -32,7 +32,7 @@ from typing import Iterator, List
 
 import pytest
 
-from ddp_helpers.ranks.placement import free_port
+from ddp_helpers.ranks.checks import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "appendix" / "A2_control_panel.ipynb"

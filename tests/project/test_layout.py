@@ -112,7 +112,7 @@ def test_layers_import_one_way():
 
 def test_the_back_edge_finder_finds_one():
     assert back_edges({"ddp_helpers.ranks.launcher": {"ddp_helpers.engine.config"},
-                       "ddp_helpers.engine.config": {"ddp_helpers.ranks.placement"},
+                       "ddp_helpers.engine.config": {"ddp_helpers.ranks.checks"},
                        "ddp_helpers.data.sources": {"ddp_helpers.cli.train"}}) == [
         "ddp_helpers.data.sources -> ddp_helpers.cli.train", "ddp_helpers.ranks.launcher -> ddp_helpers.engine.config"]
 

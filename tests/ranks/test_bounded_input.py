@@ -1,6 +1,6 @@
 """Bounded input (issue 49, B3 and B7): every argument a probe found raw, failing only in the ranks or silently
 accepted is refused by name, on one line, before any process starts; so are more ranks or threads than this
-machine can run (ranks/limits.py)."""
+machine can run (ranks/checks.py)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +14,7 @@ from ddp_helpers import ConfigError, TrainConfig, launch, run_training
 from ddp_helpers.cli import train as cli_train
 from ddp_helpers.cli.train import main
 from ddp_helpers.data import DataError
-from ddp_helpers.ranks import limits
+from ddp_helpers.ranks import checks, cores
 
 
 def _ok(rank, world_size):
@@ -95,23 +95,23 @@ def test_command_line_refuses_on_one_line_before_any_process(no_process, monkeyp
 
 def test_the_limit_names_the_stated_maximum(monkeypatch):
     """On a machine with many cores the stated maximum binds, and is named."""
-    monkeypatch.setattr(limits, "usable_core_count", lambda: 1024)
-    with pytest.raises(ConfigError, match=rf"at most {limits.MAX_WORLD_SIZE} ranks.*MAX_WORLD_SIZE"):
-        limits.check_world_size(limits.MAX_WORLD_SIZE + 1, None, owner="x()", rooms=[])
-    limits.check_world_size(limits.MAX_WORLD_SIZE, None, owner="x()", rooms=[])
+    monkeypatch.setattr(checks, "usable_core_count", lambda: 1024)
+    with pytest.raises(ConfigError, match=rf"at most {checks.MAX_WORLD_SIZE} ranks.*MAX_WORLD_SIZE"):
+        checks.check_world_size(checks.MAX_WORLD_SIZE + 1, None, owner="x()", rooms=[])
+    checks.check_world_size(checks.MAX_WORLD_SIZE, None, owner="x()", rooms=[])
 
 
 def test_ranks_per_core_bound_allows_the_lessons_oversubscription(monkeypatch):
     """The lessons run 4 ranks on 2 cores (and on a 1-core VM): allowed; more than MAX_RANKS_PER_CORE are not."""
-    monkeypatch.setattr(limits, "usable_core_count", lambda: 1)
-    limits.check_world_size(4, None, owner="x()", rooms=[])
+    monkeypatch.setattr(checks, "usable_core_count", lambda: 1)
+    checks.check_world_size(4, None, owner="x()", rooms=[])
     with pytest.raises(ConfigError, match=r"x\(world_size=9\) is not accepted: at most 8 ranks.*MAX_RANKS_PER_CORE"):
-        limits.check_world_size(limits.MAX_RANKS_PER_CORE + 1, None, owner="x()", rooms=[])
+        checks.check_world_size(checks.MAX_RANKS_PER_CORE + 1, None, owner="x()", rooms=[])
 
 
 def test_process_limit_is_named(monkeypatch, no_process):
     """A cgroup allowing 20 more tasks refuses 4 ranks (each needs its threads and TASKS_PER_RANK more)."""
-    monkeypatch.setattr(limits, "room_limits", lambda: [(20, "/sys/fs/cgroup/x/pids.max=1500, 1460 in use")])
+    monkeypatch.setattr(cores, "room_limits", lambda: [(20, "/sys/fs/cgroup/x/pids.max=1500, 1460 in use")])
     with pytest.raises(ConfigError, match=r"launch\(world_size=4\) is not accepted: 4 ranks need about \d+ .*"
                                           r"only 20 more may start here \(/sys/fs/cgroup/x/pids.max=1500"):
         launch(_ok, 4, start_method="fork", threads_per_rank=1)
@@ -128,27 +128,27 @@ def test_cgroup_pids_room_reads_v2_and_v1(tmp_path):
     (v2 / "user" / "job" / "pids.current").write_text("10\n")
     cg = tmp_path / "cgroup"
     cg.write_text("0::/user/job\n")
-    room, what = limits.cgroup_pids_room(str(cg), str(v2))
+    room, what = cores.cgroup_pids_room(str(cg), str(v2))
     assert room == 100 and "user/pids.max=1500" in what
     v1 = tmp_path / "v1"
     (v1 / "pids" / "a").mkdir(parents=True)
     (v1 / "pids" / "a" / "pids.max").write_text("50\n")
     cg.write_text("4:pids:/a\n3:cpu,cpuacct:/a\n")
-    assert limits.cgroup_pids_room(str(cg), str(v1))[0] == 50
+    assert cores.cgroup_pids_room(str(cg), str(v1))[0] == 50
     cg.write_text("0::/none\n")
-    assert limits.cgroup_pids_room(str(cg), str(tmp_path / "empty")) is None
+    assert cores.cgroup_pids_room(str(cg), str(tmp_path / "empty")) is None
 
 
 def test_under_torchrun_the_running_ranks_are_not_counted_again(monkeypatch):
     """A torchrun rank checks its settings while its node's ranks already run: only the launcher checks room."""
-    from ddp_helpers.engine.config import check_machine
+    from ddp_helpers.engine.config import check_before_torch
     from ddp_helpers.ranks.env import under_torchrun
 
-    monkeypatch.setattr(limits, "room_limits", lambda: [(0, "pids.max=40, 40 in use")])
+    monkeypatch.setattr(cores, "room_limits", lambda: [(0, "pids.max=40, 40 in use")])
     with pytest.raises(ConfigError, match=r"only 0 more may start here"):
-        check_machine(TrainConfig(world_size=2), 2)
+        check_before_torch(TrainConfig(world_size=2), 2)
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(name, value)
     assert under_torchrun()
-    check_machine(TrainConfig(world_size=2), 2)
+    check_before_torch(TrainConfig(world_size=2), 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import ddp_helpers.ranks.cores as P
-import ddp_helpers.ranks.placement as C
+import ddp_helpers.ranks.checks as C
 
 
 def _tree(tmp_path, cgroup_lines, files):

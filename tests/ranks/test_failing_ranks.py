@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ddp_helpers import RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers.common.errors import ConfigError
 from ddp_helpers.engine.faults import InjectedFault
-from ddp_helpers.ranks.placement import free_port
+from ddp_helpers.ranks.checks import free_port
 
 from _procs import running
 
@@ -188,4 +188,4 @@ def test_a_failure_window_is_a_setting_the_environment_overrides(name, monkeypat
     for bad in ("0", "-1", "soon", "inf", "nan"):
         monkeypatch.setenv(f"DDP_HELPERS_{name}", bad)
         with pytest.raises(ConfigError, match=f"DDP_HELPERS_{name}=.*unset it"):
-            launcher.check_launch(2, "gloo", "127.0.0.1", 0)  # refused before any process starts
+            launcher.launch(_hello, 2, start_method="fork")  # refused before any process starts (LaunchPlan.checked)

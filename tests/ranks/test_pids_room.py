@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from ddp_helpers.common.errors import ConfigError
-from ddp_helpers.ranks import limits
+from ddp_helpers.ranks import checks, cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 V1_PIDS = "/sys/fs/cgroup/pids"
@@ -27,9 +27,9 @@ V1_PIDS = "/sys/fs/cgroup/pids"
 @pytest.fixture
 def killed_child(monkeypatch):
     """A process leading its own group, noted as ended by a launch, killed and not yet collected (a zombie)."""
-    monkeypatch.setattr(limits, "_ENDED_GROUPS", {})
+    monkeypatch.setattr(cores, "_ENDED_GROUPS", {})
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    limits.note_ended([child.pid])
+    cores.note_ended([child.pid])
     os.kill(child.pid, signal.SIGKILL)
     yield child
     child.wait()
@@ -39,23 +39,23 @@ def killed_child(monkeypatch):
 def test_the_check_waits_for_what_a_launch_ended_then_reads_the_room_again(killed_child, monkeypatch):
     """The room is short while the killed process counts; it is read again once its exit has come."""
     rooms = iter([[(5, "pids.max=120, 115 in use")], [(100, "pids.max=120, 20 in use")]])
-    monkeypatch.setattr(limits, "room_limits", lambda: next(rooms))
+    monkeypatch.setattr(cores, "room_limits", lambda: next(rooms))
     assert killed_child.pid in _eventually_leaving()
-    limits.check_world_size(2, 1, owner="launch()")  # refused before: the first reading was the only one
+    checks.check_world_size(2, 1, owner="launch()")  # refused before: the first reading was the only one
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/stat")
 def test_a_refusal_says_how_many_in_use_are_leaving(killed_child, monkeypatch):
-    monkeypatch.setattr(limits, "room_limits", lambda: [(5, "pids.max=120, 115 in use")])
+    monkeypatch.setattr(cores, "room_limits", lambda: [(5, "pids.max=120, 115 in use")])
     _eventually_leaving()
     with pytest.raises(ConfigError, match=r"only 5 more may start here \(pids.max=120, 115 in use; 1 of those in "
                                           r"use are processes a launch in this process ended that have exited"):
-        limits.check_world_size(2, 1, owner="launch()")
+        checks.check_world_size(2, 1, owner="launch()")
 
 
 def _eventually_leaving() -> list:
-    os.waitid(os.P_PID, _only(limits._ENDED_GROUPS), os.WEXITED | os.WNOWAIT)  # its exit, the child left unreaped
-    return limits.leaving()
+    os.waitid(os.P_PID, _only(cores._ENDED_GROUPS), os.WEXITED | os.WNOWAIT)  # its exit, the child left unreaped
+    return cores.leaving()
 
 
 def _only(groups: dict) -> int:

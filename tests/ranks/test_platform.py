@@ -17,7 +17,8 @@ import ddp_helpers.ranks.cores as P
 import ddp_helpers.ranks.lifetime as L
 from ddp_helpers import TrainConfig
 from ddp_helpers.engine import faults
-from ddp_helpers.ranks.launcher import check_start_method, resolve_start_method
+from ddp_helpers.ranks.checks import check_start_method
+from ddp_helpers.ranks.startmethod import resolve_start_method
 from ddp_helpers.engine.runner import ProgressBar
 from ddp_helpers.engine.telemetry import RunRows, TableShape, create_rank_tables
 

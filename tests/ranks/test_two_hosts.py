@@ -64,9 +64,9 @@ def _start(node: int, out, ifname: dict, port: int, extra=(), nproc: int = 2) ->
 
 
 def free_port_in(ns: str) -> int:
-    """A port free on node 0's address, as ddp_helpers.ranks.placement.free_port picks one (bind to port 0), asked
+    """A port free on node 0's address, as ddp_helpers.ranks.checks.free_port picks one (bind to port 0), asked
     inside node 0's namespace, where its store will listen: a fixed port can be taken by anything running."""
-    code = f"from ddp_helpers.ranks.placement import free_port; print(free_port({NODES[0][2]!r}))"
+    code = f"from ddp_helpers.ranks.checks import free_port; print(free_port({NODES[0][2]!r}))"
     out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, timeout=60, env=ENV)
     return int(out.stdout)
