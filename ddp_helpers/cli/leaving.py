@@ -275,7 +275,7 @@ class Leaver:
             return self.job.result(complete=False), self.job.rows.missing()
         from ..engine.result import collect_result
         from ..engine.telemetry import RunRows
-        from ..ranks.lifetime import peak_rss_bytes
+        from ..ranks.starting import peak_rss_bytes
 
         rows = RunRows(self.run_dir, self.cfg.world_size)
         partial = collect_result(rows, self.cfg.to_dict(), self.backend, self.cfg.dataset, "", self.t_launch,

@@ -18,7 +18,7 @@ import torch
 import xxhash
 
 from ..ranks.outbox import rows_path
-from ..ranks.lifetime import peak_rss_bytes
+from ..ranks.starting import peak_rss_bytes
 from ..ranks.rowsfile import RowsReader, TableSpec, create_tables
 from .config import TrainConfig
 from .hooks import GradRecorder

@@ -178,7 +178,7 @@ def remove_run_dir(folder: str) -> None:
 def remove_own_multiprocessing_dir() -> None:
     """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
     remove the multiprocessing folder startmethod gave it, which would stay until the next launch."""
-    from .kernel_hooks import stop_helpers
+    from .ending import stop_helpers
 
     folder = multiprocessing.process.current_process()._config.get("tempdir")
     if folder is None or not os.path.basename(folder).startswith(MP_DIR_PREFIX):

@@ -11,7 +11,6 @@ from typing import Any, Callable, List, Optional
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
 from .arguments import check_flags, check_launch_arguments
-from .boot import rank_main
 from .cells import name_cells
 from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
 from .echo import LaunchEcho, echo_for
@@ -19,16 +18,14 @@ from .joining import RankExited, RankProcesses
 from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
 from .outbox import log_path
-from .payload import Deferred, tensors_in
 from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
 from .ranklog import LogKeeper, keeper_for, printable
 from .report import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
-from .shared_watch import SharedWatch
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
-from .store import bind_listener, serve_store
+from .starting import Deferred, SharedWatch, bind_listener, rank_main, serve_store, tensors_in
 
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
-# module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
+# module before it reaches starting.rank_main, and `from ddp_helpers import launch` there must not take seconds.
 
 __all__ = ["GRACE_S", "SERVER_EXIT_S", "SETTLE_S", "LaunchError", "LaunchInterrupted", "RankFailedError",
            "check_launch", "check_start_method", "launch", "raised_in_collective", "stop_processes", "window_s"]
@@ -146,7 +143,7 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     Linux and macOS) and uses spawn elsewhere; "spawn" and "fork" are there too. fn may be defined in a notebook
     cell: it is sent by value (cloudpickle) when it can't be imported by name; NumPy arrays over 16 MiB that it
     or args hold reach the ranks through shared memory, read-only; the data cache's tensors reach them shared,
-    and a rank that changes one is named after the launch (watch_shared; ranks/shared_watch.py).
+    and a rank that changes one is named after the launch (watch_shared; ranks/starting.py: SharedWatch).
     A rank that fails, or ends without returning, ends all of them and raises RankFailedError; Ctrl-C ends them
     all and raises LaunchInterrupted (a KeyboardInterrupt); nothing a rank started outlives the call.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .env import RankEnv, RankSpec, adopt_scheduler_env, gate_agent_store_flag, rank_env
 from .outbox import log_path, write_report
 from .cores import bind_this_thread, binding_plan
-from .lifetime import end_descendants
+from .ending import end_descendants
 from .ranklog import capture_output, output_to_pipe
 from .report import error_report, value_report
 
@@ -144,7 +144,7 @@ def apply_debug_level() -> None:
 
 
 def rank_entry(rank: int, spec: RankSpec, payload: Any, log_pipe: Any = None) -> None:
-    """What each launched child runs (after boot.rank_main): the rank, then its report, then exit. Its output goes
+    """What each launched child runs (after starting.rank_main): the rank, then its report, then exit. Its output goes
     to log_pipe, the launcher's pipe to its log (ranklog.LogKeeper), or with none (Windows) to the log itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us cleanly
     # The launcher's environment as it is now (a forkserver's ranks would otherwise see the server's, from its

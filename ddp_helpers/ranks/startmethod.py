@@ -69,7 +69,7 @@ def _own_multiprocessing_dir() -> None:
 def prepare_forkserver() -> None:
     """Name the launcher and the preload list; both take effect when the server starts (once per process). In a
     Jupyter kernel, the server and the resource tracker are ended first when the kernel shuts down."""
-    from .kernel_hooks import end_helpers_before_kernel_shutdown
+    from .ending import end_helpers_before_kernel_shutdown
 
     end_helpers_before_kernel_shutdown()
     _own_multiprocessing_dir()

@@ -22,7 +22,8 @@ import pytest
 import ddp_helpers
 from ddp_helpers import run_training
 from ddp_helpers.engine import runner
-from ddp_helpers.ranks import cleanup, startmethod, store
+from ddp_helpers.ranks import cleanup, startmethod
+from ddp_helpers.ranks import starting as store
 from ddp_helpers.ranks.launcher import LaunchInterrupted
 
 PACKAGE = os.path.dirname(os.path.abspath(ddp_helpers.__file__))
@@ -119,7 +120,7 @@ def test_no_multiprocessing_folder_survives_an_interrupt_while_it_is_made(tmp_pa
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
 def test_no_socket_survives_an_interrupt_while_the_store_socket_is_made(monkeypatch):
-    """The launch's rendezvous socket (store.bind_listener): an interrupt at any of its lines, its exception held
+    """The launch's rendezvous socket (starting.bind_listener): an interrupt at any of its lines, its exception held
     as a notebook holds it, leaves no descriptor. Raised inside socket.socket(), it left the new socket open,
     held by the traceback (found by the twenty interrupts below, at a line count the load made)."""
     with InterruptAt() as counting:

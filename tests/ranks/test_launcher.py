@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ddp_helpers import RankFailedError, launch
 from ddp_helpers.ranks.launcher import raised_in_collective
-from ddp_helpers.ranks.payload import dumps
+from ddp_helpers.ranks.starting import dumps
 
 
 def _one_rank_ends_early(rank: int, world_size: int, wait_s: float) -> int:

@@ -172,7 +172,7 @@ def _removed(cgroup: str) -> bool:
 def test_a_rank_collects_what_it_killed_before_it_exits(monkeypatch):
     """end_descendants: a child and the grandchild it left behind (adopted: the subreaper) are killed and reaped,
     so none of them still holds a pid; on Windows only killed (os.waitpid(-1) would wait on the rank itself)."""
-    from ddp_helpers.ranks import lifetime
+    from ddp_helpers.ranks import ending as lifetime
 
     pid = os.fork()
     if pid == 0:  # a process of the test standing in for a rank: its child forks a grandchild and exits

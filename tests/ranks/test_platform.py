@@ -14,7 +14,7 @@ import pytest
 from _procs import without_torch_note
 
 import ddp_helpers.ranks.cores as P
-import ddp_helpers.ranks.lifetime as L
+import ddp_helpers.ranks.starting as L
 from ddp_helpers import TrainConfig
 from ddp_helpers.engine import faults
 from ddp_helpers.ranks.launcher import check_start_method, resolve_start_method

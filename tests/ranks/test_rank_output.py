@@ -135,7 +135,7 @@ def test_a_cell_function_keeps_its_file_name_on_the_way_to_the_ranks():
     """cloudpickle would name its code (and a lambda's inside it) "<dynamic-code>": no cell could be named."""
     import pickle
 
-    from ddp_helpers.ranks.payload import dumps
+    from ddp_helpers.ranks.starting import dumps
 
     ns = {"__name__": "__main__"}
     exec(compile("def f(x):\n    g = lambda y: 1 / y\n    return g(x)\n", "/tmp/ipykernel_1/123.py", "exec"), ns)
