@@ -73,7 +73,7 @@ def _check_paths(args: argparse.Namespace, cfg: TrainConfig) -> None:
     is a file, --checkpoint-dir can be made. A typo there costs a tenth of a second, not a forkserver importing torch."""
     from ..common.files import check_writable_dir, probe_output_dir
     from ..engine.config import ConfigError, check_resume_path
-    from ..ranks.cleanup import check_temp_dir
+    from ..ranks.folders import check_temp_dir
 
     check_resume_path(cfg.resume_from)
     check_temp_dir()  # where the run folders and the forkserver's socket go
@@ -143,7 +143,7 @@ def _train(cfg: TrainConfig, args: argparse.Namespace) -> Optional[object]:
     from ..ranks.env import under_torchrun
 
     if under_torchrun():
-        from ..ranks.torchrun_errors import record_atomically
+        from ..ranks.rank import record_atomically
         from .torchrun import run_torchrun
 
         # elastic's @record: an error leaves torchrun's error file, so the agent names this rank's traceback

@@ -11,7 +11,7 @@ from .checkpoint import CheckpointError, resolve_resume
 from .config import ConfigError, TrainConfig
 from ..data import load_data
 from .job import Job, check_job
-from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
+from ..ranks.folders import EndOnSignals, new_run_dir, remove_run_dir
 from ..ranks.ending import interrupts_deferred
 from ..ranks.launcher import LaunchInterrupted, RankFailedError, check_start_method, launch
 from ..ranks.placement import default_threads
@@ -108,7 +108,7 @@ def _run_training(cfg: Optional[TrainConfig], progress: Optional[bool], start_me
     with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
         run_dir = None
         try:
-            run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
+            run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/folders.py)
             return _train_in(run_dir, cfg, backend, start_step, data, progress, start_method, on_progress,
                              rank_output)
         finally:

@@ -11,16 +11,14 @@ from typing import Any, Callable, List, Optional
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
 from .arguments import check_flags, check_launch_arguments
-from .cells import name_cells
-from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
-from .echo import LaunchEcho, echo_for
+from .folders import EndOnSignals, log_path, new_run_dir, remove_run_dir
 from .joining import RankExited, RankProcesses
 from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
-from .outbox import log_path
 from .placement import check_address, check_binding, check_timeout, default_threads, resolve_backend
-from .ranklog import LogKeeper, keeper_for, printable
-from .report import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
+from .output_log import LogKeeper, keeper_for, printable
+from .output_shown import LaunchEcho, echo_for, name_cells
+from .reports import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
 from .startmethod import START_METHODS, prepare_forkserver, resolve_start_method
 from .starting import Deferred, SharedWatch, bind_listener, rank_main, serve_store, tensors_in
 
@@ -147,11 +145,11 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     A rank that fails, or ends without returning, ends all of them and raises RankFailedError; Ctrl-C ends them
     all and raises LaunchInterrupted (a KeyboardInterrupt); nothing a rank started outlives the call.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
-    run_dir: the run folder each rank leaves its log, report and rows in (ranks/outbox.py); by default a new
+    run_dir: the run folder each rank leaves its log, report and rows in (ranks/folders.py); by default a new
     one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
     read and remove.
     What a rank prints (print(), warnings, C++ output) is shown here as it comes, each line prefixed "[rank r] ",
-    a rank's lines in the order it wrote them, up to ranks/echo.py's ECHO_LINES per rank; quiet=True shows none
+    a rank's lines in the order it wrote them, up to ranks/output_shown.py's ECHO_LINES per rank; quiet=True shows none
     (it stays in the rank's log, whose last lines a failure shows). A traceback or warning from a function
     defined in a notebook cell names the cell as IPython does ("Cell In[3], line 5").
     """

@@ -22,7 +22,7 @@ import pytest
 import ddp_helpers
 from ddp_helpers import run_training
 from ddp_helpers.engine import runner
-from ddp_helpers.ranks import cleanup, startmethod
+from ddp_helpers.ranks import folders as cleanup, startmethod
 from ddp_helpers.ranks import starting as store
 from ddp_helpers.ranks.launcher import LaunchInterrupted
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ddp_helpers.common.errors import ConfigError
-from ddp_helpers.ranks import cleanup, startmethod
+from ddp_helpers.ranks import folders as cleanup, startmethod
 
 SCRIPT = """
 import os
