@@ -47,7 +47,7 @@ def test_an_error_whose_str_raises_is_named_by_its_type():
                            "raised ValueError)")
     assert "os._exit()" not in str(err) and "native code" not in str(err)
     assert "_raise_unprintable" in err.traceback_text  # the rank's own traceback ...
-    assert f"ranks{os.sep}report.py" not in err.traceback_text  # ... not one from the package's report code
+    assert f"ranks{os.sep}reports.py" not in err.traceback_text  # ... not one from the package's report code
     assert isinstance(err.original, Unprintable)
 
 
