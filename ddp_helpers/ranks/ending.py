@@ -189,6 +189,7 @@ def kill_descendants() -> None:
         except psutil.Error:
             pass
 
+
 # A Jupyter kernel's shutdown (ipykernel's Kernel._at_shutdown) signals every child in the kernel's process group,
 # SIGTERM then SIGKILL, sleeping longer each round while any is left. Two are the launcher's: multiprocessing's
 # resource tracker, which ignores SIGTERM, and the forkserver, which dies of it but stays a zombie the kernel

@@ -2,9 +2,9 @@
 defined them; the data cache's tensors checked after), where the ranks meet (the store a launch hosts), and the
 first code a rank runs, before anything heavy is imported: tie its life to its parent's, lead its own group.
 
-This module imports only the standard library at the top, so a rank started by spawn or forkserver reaches
-rank_main in milliseconds; torch and the function to run are unpickled afterwards (Deferred), and rank.py (torch)
-is imported inside rank_main.
+This module imports only the standard library at the top (and two modules of the package that import only it),
+so a rank started by spawn or forkserver reaches rank_main in milliseconds; torch and the function to run are
+unpickled afterwards (Deferred), and rank.py (torch) is imported inside rank_main.
 """
 from __future__ import annotations
 
