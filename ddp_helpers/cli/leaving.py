@@ -52,41 +52,22 @@ def hold_alive(run_dir: str, rank: int) -> None:
 def rank_gone(run_dir: str, rank: int) -> Optional[bool]:
     """True when rank's process on this machine has ended, False while it runs, None when unknown (its file is
     elsewhere or not made yet, or no flock)."""
-    if fcntl is None:
-        return None
-    try:
-        fd = os.open(os.path.join(run_dir, f"rank{rank}.alive"), os.O_RDONLY | _NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    from ..ranks.folders import lock_free
+
+    with lock_free(os.path.join(run_dir, f"rank{rank}.alive")) as gone:
+        return gone
 
 
 def remove_if_last(run_dir: str) -> None:
     """Remove the run folder once no local rank holds it (a failed job leaves nothing): this process's hold is
     dropped, and the folder goes only if an exclusive lock is then free, so a peer that still needs the rows in
     it keeps it, and the last rank out removes it. Called on every way out (twice is harmless)."""
-    from ..ranks.cleanup import LOCK, release
+    from ..ranks.folders import LOCK, lock_free, release
 
     release(run_dir)
-    if fcntl is None:
-        return  # Windows: a later job's remove_stale takes it
-    try:
-        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | _NOFOLLOW)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        shutil.rmtree(run_dir, ignore_errors=True)
-    except OSError:
-        pass  # a peer still holds it
-    finally:
-        os.close(fd)
+    with lock_free(os.path.join(run_dir, LOCK)) as free:  # None on Windows: a later job's remove_stale takes it
+        if free:
+            shutil.rmtree(run_dir, ignore_errors=True)  # a peer that still holds it keeps it
 
 
 def wait_for_peer_rows(rows: Any, rank: int, stall_s: float = 2.0, limit_s: float = 10.0) -> None:
@@ -237,7 +218,7 @@ class Leaver:
         try:
             self._write_partial(report)
         except Exception as e:  # noqa: BLE001 - never hide the failure itself
-            from ..ranks.report import error_text
+            from ..ranks.reports import error_text
 
             say(f"rank {self.rank}: could not save the partial metrics: {error_text(e)}")
         finally:
@@ -249,12 +230,12 @@ class Leaver:
     def _failure(self, report: Any) -> Dict[str, Any]:
         """Who failed, as far as this node can tell, and how well it knows (engine/partials.py's weights)."""
         from ..engine.partials import INFERRED, OWN, SCHEDULER
-        from ..ranks.outbox import read_report_data, write_report_data
-        from ..ranks.report import diagnose, report_data, report_from_data
+        from ..ranks.reports import read_report_data, write_report_data
+        from ..ranks.reports import diagnose, report_data, report_from_data
 
         world = self.cfg.world_size
         label = attempt_label()
-        write_report_data(self.run_dir, self.rank, report_data(report))  # data, never a pickle (outbox.py)
+        write_report_data(self.run_dir, self.rank, report_data(report))  # data, never a pickle (reports.py)
         if self.scheduler:
             return {"rank": None, "message": self.scheduler, "weight": SCHEDULER,
                     "note": f"attempt {label} failed: {self.scheduler}"}
@@ -275,7 +256,7 @@ class Leaver:
             return self.job.result(complete=False), self.job.rows.missing()
         from ..engine.result import collect_result
         from ..engine.telemetry import RunRows
-        from ..ranks.lifetime import peak_rss_bytes
+        from ..ranks.starting import peak_rss_bytes
 
         rows = RunRows(self.run_dir, self.cfg.world_size)
         partial = collect_result(rows, self.cfg.to_dict(), self.backend, self.cfg.dataset, "", self.t_launch,
@@ -303,8 +284,8 @@ class Leaver:
         agent sends one only after a peer failed, so a SIGTERM while every peer on this machine still runs and
         none has reported came from outside, and this rank is the one that failed. Where some peers are on other
         machines, it can't be told: the agent is assumed."""
-        from ..ranks.outbox import read_report_data
-        from ..ranks.report import Report
+        from ..ranks.reports import read_report_data
+        from ..ranks.reports import Report
 
         self.scheduler = scheduler_stop()
         if self.scheduler:

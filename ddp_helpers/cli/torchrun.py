@@ -1,5 +1,5 @@
 """One rank of a torchrun job (`torchrun ... -m ddp_helpers.train`): entered as every rank is (ranks.rank.run_rank),
-and leaving its outcome and its rows the way a launched rank does, in a run folder (ranks/outbox.py).
+and leaving its outcome and its rows the way a launched rank does, in a run folder (ranks/folders.py).
 
 The run folder is on the rank's machine, in the temp dir, shared by the job's ranks there. Rank 0 reads the rows
 of the ranks it can see there; only the others' travel over the process group. A rank that fails, or that
@@ -28,18 +28,18 @@ def run_folder(master_addr: str, master_port: int) -> str:
     first: it is created with mode 0700, or an existing one accepted only if it is a real folder of this user's
     with mode 0700 (common.files.make_private_dir), before anything in it is read or written. In the temp dir's
     sticky folder nobody else can then rename or replace it. Folders that earlier jobs' ranks left here when
-    they were killed (SIGKILL: no code of theirs ran) are removed first, as launch() does (cleanup.remove_stale:
+    they were killed (SIGKILL: no code of theirs ran) are removed first, as launch() does (folders.remove_stale:
     only this user's real folders that no live process holds).
     """
     from ..common.files import make_private_dir
-    from ..ranks.cleanup import RUN_DIR_PREFIX, hold, remove_stale
+    from ..ranks.folders import RUN_DIR_PREFIX, hold, remove_stale
 
     remove_stale()
     key = job_key(master_addr, master_port)
     path = os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}torchrun-{key}-a{attempt_label()}")
     make_private_dir(path, "the torchrun run folder", "Remove it (as its owner or root), or give this job another "
                      "--rdzv-id or --rdzv-endpoint port, or point TMPDIR at a folder only this user can write")
-    hold(path)  # a folder some local rank holds is never taken for a dead launch's (cleanup.remove_stale)
+    hold(path)  # a folder some local rank holds is never taken for a dead launch's (folders.remove_stale)
     return path
 
 
@@ -177,7 +177,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] =
     from ..engine.config import check_before_torch
     from ..ranks.env import RankEnv
     from ..ranks.rank import run_rank
-    from ..ranks.report import error_report
+    from ..ranks.reports import error_report
 
     env = RankEnv.from_environ()
     # torchrun's --nproc-per-node x --nnodes decides the world size; it owns the port (master_port=0: not ours).

@@ -74,7 +74,7 @@ def _check_paths(args: argparse.Namespace) -> None:
     tenth of a second, not a forkserver importing torch."""
     from ..common.files import probe_output_dir
     from ..engine.config import ConfigError
-    from ..ranks.cleanup import check_temp_dir
+    from ..ranks.folders import check_temp_dir
 
     check_temp_dir()  # where the run folders and the forkserver's socket go
     if _writes_results():
@@ -141,7 +141,7 @@ def _train(cfg: TrainConfig, sizes: Any, args: argparse.Namespace) -> Optional[o
     from ..ranks.env import under_torchrun
 
     if under_torchrun():
-        from ..ranks.torchrun_errors import record_atomically
+        from ..ranks.rank import record_atomically
         from .torchrun import run_torchrun
 
         # elastic's @record: an error leaves torchrun's error file, so the agent names this rank's traceback

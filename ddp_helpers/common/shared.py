@@ -1,5 +1,5 @@
 """Tensors this process shares with ranks that no rank may change, by name: the data cache registers its tensors
-here, so that a launch finding one changed can say which and drop the cache (ranks/shared_watch.py)."""
+here, so that a launch finding one changed can say which and drop the cache (ranks/starting.py: SharedWatch)."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Tuple

@@ -115,7 +115,7 @@ def clear_cache() -> None:
 
 def _load_cached(dataset: str, root: str, may_fall_back: bool) -> DataSplits:
     """The decoded data set, from this process's cache, its tensors in shared memory and guarded: ranks map
-    them, and a launch names any a rank changed (ranks/shared_watch.py)."""
+    them, and a launch names any a rank changed (ranks/starting.py: SharedWatch)."""
     splits = _decode_cached(dataset, root, may_fall_back)
     if splits._guard is None:
         splits.guard(f"load_data({dataset!r})", clear_cache)  # fingerprinted now, as loaded

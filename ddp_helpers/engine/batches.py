@@ -8,7 +8,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 
 from ..ranks.cores import unbind_this_process
-from ..ranks.lifetime import die_with_parent
+from ..ranks.starting import die_with_parent
 from .config import TrainConfig
 from ..data import DataSplits, SeedListingDataset, map_pages, shard_indices
 

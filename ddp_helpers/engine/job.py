@@ -11,7 +11,7 @@ import numpy as np
 
 from ..common.errors import setting
 from ..common.files import free_text
-from ..ranks.lifetime import peak_rss_bytes
+from ..ranks.starting import peak_rss_bytes
 from .checkpoint import check_checkpoint_room
 from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig
 from ..data import DataSplits

@@ -13,7 +13,7 @@ from .config import ConfigError, TrainConfig, plan_launch
 from ..data import load_data
 from .job import Job
 from ..ranks.checks import LaunchPlan, RankSizes
-from ..ranks.cleanup import EndOnSignals, new_run_dir, remove_run_dir
+from ..ranks.folders import EndOnSignals, new_run_dir, remove_run_dir
 from ..ranks.ending import interrupts_deferred
 from ..ranks.launcher import LaunchInterrupted, RankFailedError, run_plan
 from .result import TrainResult
@@ -119,7 +119,7 @@ def _run_training(cfg: TrainConfig, sizes: Optional[RankSizes], progress: Option
     with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
         run_dir = None
         try:
-            run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/outbox.py)
+            run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/folders.py)
             return _train_in(dataclasses.replace(plan, run_dir=run_dir), cfg, start_step, data, progress,
                              on_progress)
         finally:

@@ -1,6 +1,6 @@
 """Per-rank, per-step telemetry: the tables each rank fills in its rows file, and the reader over a run's files.
 
-Each rank fills its own tables in the run folder (ranks/outbox.py), however it was started, so whoever reads
+Each rank fills its own tables in the run folder (ranks/folders.py), however it was started, so whoever reads
 the run keeps every finished step even if a rank dies (nothing to flush, nothing to lose). The columns are
 named once, in the IntEnums below; their counts follow from them.
 """
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import xxhash
 
-from ..ranks.outbox import rows_path
-from ..ranks.lifetime import peak_rss_bytes
-from ..ranks.rowsfile import RowsReader, TableSpec, create_tables
+from ..ranks.folders import rows_path
+from ..ranks.starting import peak_rss_bytes
+from ..ranks.rows import RowsReader, TableSpec, create_tables
 from .config import TrainConfig
 from .hooks import GradRecorder
 from .model import fingerprint

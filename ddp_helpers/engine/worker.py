@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..ranks.lifetime import freeze_heap
+from ..ranks.starting import freeze_heap
 from .batches import Batch, RankBatches
 from .checkpoint import CheckpointError, resume, save_if_due
 from .config import TrainConfig

@@ -127,12 +127,12 @@ def check_port_and_backend(host: Any, port: Any, backend: Any) -> None:
 
 
 def check_run_dir(run_dir: Any) -> None:
-    """None (a new private folder), or an existing folder of this user (ranks/cleanup.new_run_dir())."""
+    """None (a new private folder), or an existing folder of this user (ranks/folders.new_run_dir())."""
     if run_dir is None:
         return
     if not isinstance(run_dir, (str, os.PathLike)) or not os.path.isdir(run_dir):
         raise _refuse("run_dir", run_dir, "None (a new private folder, removed at the end) or an existing "
-                                          "folder, as ddp_helpers.ranks.cleanup.new_run_dir() makes")
+                                          "folder, as ddp_helpers.ranks.folders.new_run_dir() makes")
     from ..common.trusted import fix_for, path_problem
 
     problem = path_problem(os.fspath(run_dir))

@@ -1,15 +1,17 @@
-"""Ending a launch: every rank reaped or stopped, everything its ranks started ended (wherever it went), and an
-interrupt during that can't cut it short."""
+"""Ending processes: a launch's ranks reaped or stopped, everything they started ended (wherever it went), a
+rank's own descendants killed and collected, the kernel's helper processes ended before its shutdown, and an
+interrupt during any of it can't cut it short. The one module that ends processes (joining.py uses it)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, FrozenSet, Iterator, List, Optional
 
-from .lifetime import kill_group
 from .cores import note_ended
 
 GRACE_S = 2.0  # after SIGTERM, this long before SIGKILL
@@ -130,3 +132,110 @@ def _close(p: Any) -> None:
     popen = getattr(p, "_popen", None)
     if popen is not None and getattr(popen, "returncode", None) is not None:  # reaped: nothing more to wait on
         popen.close()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group a rank leads (what it started, even after the rank exited)."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # empty: nothing left
+            pass
+
+
+def end_descendants() -> None:
+    """SIGKILL every process this one started, and theirs, then collect them all before this process exits.
+
+    A killed process keeps its pid, and its place in a pids cgroup (pids.max), until its parent reaps it; one
+    orphaned by its parent's death waits for PID 1, which some containers' inits reap only now and then.
+    After a rank forked to the cgroup's limit and failed, the next launch was refused meanwhile. So this
+    process first becomes the subreaper of its tree (Linux): the orphans of the killed come to it, and it waits
+    for each exit (os.waitpid: the event, not a clock) until none is left. A descendant that can't die (stuck
+    in the kernel) holds this process only until the launcher ends it.
+    """
+    if os.name != "posix":  # Windows: no zombies to collect (and os.waitpid(-1) would wait on this process itself)
+        kill_descendants()
+        return
+    become_subreaper()
+    while True:
+        kill_descendants()  # again after each exit: one forked just before the last sweep comes to us alive
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:  # none left
+            return
+        except OSError:
+            return
+
+
+def become_subreaper() -> None:
+    """Linux: the orphans of this process's descendants are re-parented to it (not to PID 1), for it to reap."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: only this process's own children come back to it
+        pass
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, and theirs, wherever they moved (psutil walks the tree)."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+# A Jupyter kernel's shutdown (ipykernel's Kernel._at_shutdown) signals every child in the kernel's process group,
+# SIGTERM then SIGKILL, sleeping longer each round while any is left. Two are the launcher's: multiprocessing's
+# resource tracker, which ignores SIGTERM, and the forkserver, which dies of it but stays a zombie the kernel
+# never reaps. A restart then waited seconds longer than a kernel that never launched (docs/benchmarks.md) and the
+# kernel was killed by Jupyter instead of ending. Ended and reaped before ipykernel looks, they leave it nothing
+# to wait for.
+
+
+def stop_helpers() -> None:
+    """End and reap this process's forkserver (SIGKILL: it holds nothing worth saving, and it may still be
+    importing) and its resource tracker (its pipe closed: it cleans up and exits)."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if server is not None:
+        try:
+            os.kill(server, getattr(signal, "SIGKILL", signal.SIGTERM))
+        except OSError:
+            pass
+        try:
+            forkserver._forkserver._stop()  # closes its pipe and reaps it
+        except (OSError, ChildProcessError, AttributeError):
+            pass
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    try:
+        if tracker is not None:
+            tracker._resource_tracker._stop()
+    except (OSError, ChildProcessError, AttributeError):
+        pass
+
+
+def end_helpers_before_kernel_shutdown() -> bool:
+    """In a Jupyter kernel, run stop_helpers() first when it shuts down (once per kernel); False elsewhere, or
+    where this ipykernel has no _at_shutdown to precede (its shutdown then waits as before)."""
+    ipython = sys.modules.get("IPython")  # loaded with the kernel: nothing is imported for a script or a rank
+    shell = ipython.get_ipython() if ipython is not None else None
+    kernel: Any = getattr(shell, "kernel", None)
+    if kernel is None or not hasattr(kernel, "_at_shutdown"):
+        return False
+    if getattr(kernel, "_ddp_helpers_first", False):
+        return True
+    original = kernel._at_shutdown
+
+    async def at_shutdown(*args: Any, **kwargs: Any) -> Any:
+        stop_helpers()
+        return await original(*args, **kwargs)
+
+    kernel._at_shutdown = at_shutdown
+    kernel._ddp_helpers_first = True
+    return True

@@ -1,11 +1,21 @@
-"""torchrun's environment contract: the variables a rank reads, set the same way for the ranks launch() starts,
-and read from SLURM's where torchrun's are absent (a task of `srun`: ranks/slurm.py)."""
+"""A rank's environment from its launcher: torchrun's contract, the variables a rank reads, set the same way for
+the ranks launch() starts, and read from SLURM's where torchrun's are absent (a task of `srun`).
+
+SLURM's environment as a way into a rank: under `srun -N2 --ntasks-per-node=1 python -m ddp_helpers.train`, each
+task is a rank: SLURM_PROCID is its rank, SLURM_NTASKS the world size, SLURM_LOCALID its rank on the node, the
+node's entry of SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE; compressed as
+`2(x3),1`) the ranks on its node, the first host of the step's node list (`node[1-3,5]`, expanded) the rendezvous
+address, and a port derived from the job id (`rendezvous_port`: the sbatch template in examples/slurm/ computes
+the same). A batch script (no SLURM_STEP_ID) and a one-task step are not ranks: there the command line starts its
+ranks itself. Standard library only.
+"""
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from dataclasses import dataclass
-from typing import Dict, Mapping, MutableMapping, Optional
+from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # LOCAL_RANK, LOCAL_WORLD_SIZE: one node if unset
 
@@ -44,8 +54,6 @@ def under_torchrun(environ: Mapping[str, str] = os.environ) -> bool:
 def scheduler_env(environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
     """torchrun's variables as SLURM tells them to a task of an srun step of several tasks; {} elsewhere (outside
     SLURM, in a batch script, in a one-task step, where the command line starts its ranks itself)."""
-    from .slurm import SlurmTask
-
     task = SlurmTask.from_environ(environ)
     if task is None or task.world_size < 2:
         return {}
@@ -125,9 +133,154 @@ class RankSpec:
 
     environ: Dict[str, str]  # the launcher's environment when it launched (the ranks start from it)
     env: Dict[str, str]  # torchrun's variables shared by every rank (rank_env adds each rank's own)
-    run_dir: str  # where each rank leaves its log, its report and its rows (ranks/outbox.py)
+    run_dir: str  # where each rank leaves its log, its report and its rows (ranks/folders.py)
     backend: str
     timeout_s: float
     threads: int
     bind_cores: Optional[bool]
     init_group: bool
+
+
+# --- SLURM's variables read as torchrun's ---
+
+PORT_BASE, PORT_SPAN = 15000, 17000  # ports 15000-31999: above the usual services, below Linux's ephemeral range
+_HOST_ITEM = re.compile(r"([^\[\]]*)\[([^\[\]]+)\](.*)")
+_TASKS_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def expand_hostlist(text: str) -> List[str]:
+    """SLURM's compressed host list expanded, in order: `node[1-3,5]` -> node1 node2 node3 node5, `a[01-02],b3`
+    -> a01 a02 b3 (a range keeps its lower bound's zero padding); several brackets multiply (`r[1-2]n[1-2]`)."""
+    hosts: List[str] = []
+    for item in _split_outside_brackets(text):
+        hosts.extend(_expand_item(item, text))
+    if not hosts:
+        raise ValueError(f"empty SLURM host list {text!r}")
+    return hosts
+
+
+def _split_outside_brackets(text: str) -> List[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "[") - (ch == "]")
+        if depth not in (0, 1):
+            raise ValueError(f"unbalanced brackets in SLURM host list {text!r}")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced brackets in SLURM host list {text!r}")
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_item(item: str, whole: str) -> List[str]:
+    m = _HOST_ITEM.fullmatch(item)
+    if m is None:
+        if "[" in item or "]" in item:
+            raise ValueError(f"can't read {item!r} in SLURM host list {whole!r}")
+        return [item]
+    prefix, ranges, rest = m.groups()
+    tails = _expand_item(rest, whole) if rest else [""]
+    heads = []
+    for part in ranges.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise ValueError(f"can't read the range {part!r} in SLURM host list {whole!r}")
+        heads += [f"{prefix}{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1)]
+    return [head + tail for head in heads for tail in tails]
+
+
+def expand_tasks_per_node(text: str) -> List[int]:
+    """SLURM's tasks-per-node list expanded: `2(x3),1` -> [2, 2, 2, 1]."""
+    counts: List[int] = []
+    for item in text.split(","):
+        m = _TASKS_ITEM.fullmatch(item.strip())
+        if m is None:
+            raise ValueError(f"can't read {item!r} in SLURM's tasks per node {text!r} (expected N or N(xK))")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The rendezvous port of a job: PORT_BASE + job id mod PORT_SPAN, the same on every node without talking
+    (two steps of one job running at once would need MASTER_PORT set apart)."""
+    return PORT_BASE + int(job_id) % PORT_SPAN
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """Which SLURM job, step and attempt this process belongs to (set in a batch script and in every task)."""
+
+    job_id: str
+    step_id: Optional[str]  # None in the batch script itself
+    restart_count: int  # how many times SLURM requeued the job: 0 in its first run
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Optional["SlurmJob"]:
+        """The job this process runs in, or None outside SLURM."""
+        job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+        if not job_id:
+            return None
+        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
+        return cls(job_id, step, _int(environ, "SLURM_RESTART_COUNT", "0"))
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """One task of an srun step, as SLURM describes it."""
+
+    job: SlurmJob
+    rank: int  # SLURM_PROCID
+    world_size: int  # the step's tasks
+    local_rank: int  # SLURM_LOCALID
+    node_rank: int  # SLURM_NODEID
+    tasks_per_node: Tuple[int, ...]
+    hosts: Tuple[str, ...]  # the step's nodes, expanded
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Optional["SlurmTask"]:
+        """This process's task, or None outside an srun step (a batch script has no SLURM_STEP_ID)."""
+        job = SlurmJob.from_environ(environ)
+        if job is None or job.step_id is None or "SLURM_PROCID" not in environ:
+            return None
+        nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        per_node = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+        world = _first(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+        try:
+            counts = tuple(expand_tasks_per_node(per_node)) if per_node else ()
+            hosts = tuple(expand_hostlist(nodelist)) if nodelist else ()
+        except ValueError as e:
+            raise ValueError(f"{e}: SLURM's variables can't say this task's rank") from None
+        world_size = int(world) if world and world.isdigit() else (sum(counts) or 1)
+        return cls(job, _int(environ, "SLURM_PROCID"), world_size, _int(environ, "SLURM_LOCALID", "0"),
+                   _int(environ, "SLURM_NODEID", "0"), counts, hosts)
+
+    @property
+    def local_world_size(self) -> int:
+        """The step's tasks on this task's node."""
+        if not self.tasks_per_node:
+            return 1
+        return self.tasks_per_node[min(self.node_rank, len(self.tasks_per_node) - 1)]
+
+    def torchrun_env(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        """torchrun's variables for this task; MASTER_ADDR and MASTER_PORT already set are kept (a user's choice)."""
+        addr = environ.get("MASTER_ADDR") or (self.hosts[0] if self.hosts else None)
+        if not addr:
+            raise ValueError("SLURM_JOB_NODELIST not set: set MASTER_ADDR to the host of rank 0")
+        port = environ.get("MASTER_PORT") or str(rendezvous_port(self.job.job_id))
+        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.node_rank),
+                "MASTER_ADDR": addr, "MASTER_PORT": port}
+
+
+def _first(environ: Mapping[str, str], *names: str) -> Optional[str]:
+    return next((environ[n] for n in names if environ.get(n)), None)
+
+
+def _int(environ: Mapping[str, str], name: str, default: Optional[str] = None) -> int:
+    text = environ.get(name, default)
+    try:
+        return int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={text!r} is not a number: SLURM's variables can't say this task's rank") from None

@@ -1,15 +1,16 @@
-"""The rank processes of one launch, joined as torch's `ProcessContext.join` joins them, without torch.
+"""The rank processes of one launch, joined as torch's `ProcessContext.join` joins them; ended by ending.py.
 
+Kept beside torch's because torch's needs torch imported and unpickles a failed rank's error file; ours doesn't.
 A launcher that has not imported torch (a script whose ranks come from the forkserver, which preloads it) keeps
-it unimported (what that saves a program: docs/benchmarks.md, issue 52's kill tests). And nothing is unpickled
-from a file: torch's join reads a failed rank's error file with pickle when one exists; ours report through the
-run folder (ranks/outbox.py). Standard library only.
+it unimported (what that saves a program: docs/benchmarks.md, issue 52's kill tests), and the ranks report
+through the run folder (ranks/reports.py), never by a pickle another process could write.
 """
 from __future__ import annotations
 
 import multiprocessing.connection
-import time
 from typing import Any, Dict, List, Optional
+
+from .ending import join_all, stop_processes
 
 
 class RankExited(Exception):
@@ -44,17 +45,6 @@ class RankProcesses:
         return not self._running
 
     def _end_all(self, grace_s: float) -> None:
-        self._join_all(grace_s)
-        for process in self.processes:
-            if process.is_alive():
-                process.terminate()
-        self._join_all(grace_s)
-        for process in self.processes:
-            if process.is_alive():  # stuck in C++ with SIGTERM's Python handler never run
-                process.kill()
-            process.join()
-
-    def _join_all(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
+        """The others get grace_s to end by themselves, then SIGTERM, grace_s more, SIGKILL (stop_processes)."""
+        join_all(self.processes, grace_s)
+        stop_processes(self.processes, grace_s)

@@ -7,24 +7,19 @@ import os
 import time
 from typing import Any, Callable, List, Optional
 
-from .boot import rank_main
-from .cells import name_cells
 from .checks import SERVER_EXIT_S, SETTLE_S, LaunchError, LaunchPlan, check_start_method, launch_plan, window_s
-from .cleanup import EndOnSignals, new_run_dir, remove_run_dir
-from .echo import LaunchEcho, echo_for
+from .folders import EndOnSignals, log_path, new_run_dir, remove_run_dir
 from .joining import RankExited, RankProcesses
 from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
 from .env import RankSpec, launched_env
-from .outbox import log_path
-from .payload import Deferred, tensors_in
-from .ranklog import LogKeeper, keeper_for, printable
-from .report import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
-from .shared_watch import SharedWatch
+from .output_log import LogKeeper, keeper_for, printable
+from .output_shown import LaunchEcho, echo_for, name_cells
+from .reports import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
 from .startmethod import prepare_forkserver
-from .store import bind_listener, serve_store
+from .starting import Deferred, SharedWatch, bind_listener, rank_main, serve_store, tensors_in
 
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
-# module before it reaches boot.rank_main, and `from ddp_helpers import launch` there must not take seconds.
+# module before it reaches starting.rank_main, and `from ddp_helpers import launch` there must not take seconds.
 
 __all__ = ["GRACE_S", "SERVER_EXIT_S", "SETTLE_S", "LaunchError", "LaunchInterrupted", "LaunchPlan", "RankFailedError",
            "check_start_method", "launch", "raised_in_collective", "run_plan", "stop_processes", "window_s"]
@@ -59,15 +54,15 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
     Linux and macOS) and uses spawn elsewhere; "spawn" and "fork" are there too. fn may be defined in a notebook
     cell: it is sent by value (cloudpickle) when it can't be imported by name; NumPy arrays over 16 MiB that it
     or args hold reach the ranks through shared memory, read-only; the data cache's tensors reach them shared,
-    and a rank that changes one is named after the launch (watch_shared; ranks/shared_watch.py).
+    and a rank that changes one is named after the launch (watch_shared; ranks/starting.py: SharedWatch).
     A rank that fails, or ends without returning, ends all of them and raises RankFailedError; Ctrl-C ends them
     all and raises LaunchInterrupted (a KeyboardInterrupt); nothing a rank started outlives the call.
     bind_cores: give each gloo rank's training thread cores of its own (None = when there are enough cores).
-    run_dir: the run folder each rank leaves its log, report and rows in (ranks/outbox.py); by default a new
+    run_dir: the run folder each rank leaves its log, report and rows in (ranks/folders.py); by default a new
     one in the temp dir, removed at the end. A folder the caller gives (from new_run_dir()) is the caller's to
     read and remove.
     What a rank prints (print(), warnings, C++ output) is shown here as it comes, each line prefixed "[rank r] ",
-    a rank's lines in the order it wrote them, up to ranks/echo.py's ECHO_LINES per rank; quiet=True shows none
+    a rank's lines in the order it wrote them, up to ranks/output_shown.py's ECHO_LINES per rank; quiet=True shows none
     (it stays in the rank's log, whose last lines a failure shows). A traceback or warning from a function
     defined in a notebook cell names the cell as IPython does ("Cell In[3], line 5").
     """

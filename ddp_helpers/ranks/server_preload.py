@@ -12,13 +12,13 @@ import sys
 import threading
 import warnings
 
-from .lifetime import become_subreaper
+from .ending import become_subreaper
 
 LAUNCHER_PID_ENV = "DDP_HELPERS_LAUNCHER_PID"  # set by startmethod.prepare_forkserver just before the server starts
 # torch._dynamo: DDP's constructor imports it (seconds). psutil: every rank uses it (the interface towards the
 # master, its descendants at exit) and would import it at each start. cloudpickle: every rank's report is pickled
 # with it (a cell's classes come back), at each launch's end. What each costs unloaded: docs/benchmarks.md.
-MODULES = ("torch.distributed", "torch._dynamo", "psutil", "cloudpickle", "ddp_helpers.ranks.boot",
+MODULES = ("torch.distributed", "torch._dynamo", "psutil", "cloudpickle", "ddp_helpers.ranks.starting",
            "ddp_helpers.ranks.rank", "ddp_helpers.engine.worker")
 EXTRA_ENV = "DDP_HELPERS_PRELOAD"  # more modules for the server to import once (comma-separated): what every rank imports
 

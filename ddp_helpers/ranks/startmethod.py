@@ -34,7 +34,7 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
     made there is private: mkdtemp, mode 0700, a random name), or a ConfigError naming TMPDIR. Clusters set long
     TMPDIRs: over ~65 characters, binding the socket failed with "AF_UNIX path too long"."""
     from ..common.errors import ConfigError
-    from .cleanup import SHORT_ROOT
+    from .folders import SHORT_ROOT
 
     temp_dir = temp_dir or tempfile.gettempdir()
     if len(os.fsencode(os.path.join(temp_dir, SOCKET_NAME))) < SOCKET_PATH_MAX:
@@ -50,7 +50,7 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
 def _own_multiprocessing_dir() -> None:
     """Give multiprocessing a temp folder with an owner file, instead of the pymp-* it would make for the
     forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
-    from .cleanup import MP_DIR_PREFIX, owned_dir
+    from .folders import MP_DIR_PREFIX, owned_dir
 
     from .ending import interrupts_deferred
 
@@ -69,7 +69,7 @@ def _own_multiprocessing_dir() -> None:
 def prepare_forkserver() -> None:
     """Name the launcher and the preload list; both take effect when the server starts (once per process). In a
     Jupyter kernel, the server and the resource tracker are ended first when the kernel shuts down."""
-    from .kernel_hooks import end_helpers_before_kernel_shutdown
+    from .ending import end_helpers_before_kernel_shutdown
 
     end_helpers_before_kernel_shutdown()
     _own_multiprocessing_dir()

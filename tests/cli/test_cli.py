@@ -329,7 +329,7 @@ def test_cli_starts_the_forkserver_after_its_checks_and_before_its_own_imports(m
 
 
 def _as_srun_task(monkeypatch, **slurm) -> None:
-    """This process as a task of srun (ranks/slurm.py), torchrun's variables absent and restored afterwards
+    """This process as a task of srun (ranks/env.py), torchrun's variables absent and restored afterwards
     (the command line sets them in os.environ itself)."""
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(k, "")
@@ -344,7 +344,7 @@ def test_cli_as_a_task_of_srun_is_one_rank_of_the_job(monkeypatch, tmp_path):
     import ddp_helpers.cli.torchrun
     import ddp_helpers.engine.runner
     from ddp_helpers.cli.train import main
-    from ddp_helpers.ranks.slurm import rendezvous_port
+    from ddp_helpers.ranks.env import rendezvous_port
 
     seen = {}
 

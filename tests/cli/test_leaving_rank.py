@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from ddp_helpers.cli.leaving import Leaver, wait_for_peer_rows
-from ddp_helpers.ranks.report import Report
+from ddp_helpers.ranks.reports import Report
 
 
 class _Rows:

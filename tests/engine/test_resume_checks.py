@@ -161,7 +161,6 @@ def test_a_torchrun_rank_names_a_resume_with_other_settings_by_its_flag(tmp_path
     group) refuses in the words of the command line. A real torchrun job refusing a resume, each rank saying so
     in one line: test_torchrun_unreadable_checkpoint_is_named_by_every_rank."""
     import ddp_helpers.ranks.rank
-    import ddp_helpers.ranks.torchrun_errors
     from ddp_helpers.cli.train import main
 
     cfg = SMALL.replace(momentum=0.9)
@@ -170,7 +169,7 @@ def test_a_torchrun_rank_names_a_resume_with_other_settings_by_its_flag(tmp_path
     for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT="29500").items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(ddp_helpers.ranks.torchrun_errors, "record_atomically", lambda fn: fn)  # elastic's @record
+    monkeypatch.setattr(ddp_helpers.ranks.rank, "record_atomically", lambda fn: fn)  # elastic's @record
     monkeypatch.setattr(ddp_helpers.ranks.rank, "run_rank", lambda *a, **k: pytest.fail("the rank went on"))
     flags = ["--dataset", "mnist-5k", "--threads-per-rank", "1", "--no-plots", "--momentum", "0.9",
              "--resume-from", ckpt, "--out", str(tmp_path / "out")]

@@ -82,13 +82,13 @@ def test_a_stack_dump_is_read_innermost_first_up_to_the_first_thread():
 def test_a_dump_of_all_threads_is_read_thread_by_thread():
     dump = ('Thread 0x00007fb3 (most recent call first):\n'
             '  File "/x/selectors.py", line 415 in select\n'
-            '  File "/pkg/ddp_helpers/ranks/boot.py", line 18 in _exit_when\n'
+            '  File "/pkg/ddp_helpers/ranks/starting.py", line 18 in _exit_when\n'
             '\n'
             'Current thread 0x00007fb4 (most recent call first):\n'
             '  File "/site/torch/distributed/distributed_c10d.py", line 3913 in all_reduce\n'
             '  File "<dynamic-code>", line 5 in wait_for_peer\n')
     assert debugging.thread_stacks(dump) == [
-        (False, [("select", "selectors.py", 415), ("_exit_when", "boot.py", 18)]),
+        (False, [("select", "selectors.py", 415), ("_exit_when", "starting.py", 18)]),
         (True, [("all_reduce", "distributed_c10d.py", 3913), ("wait_for_peer", "<dynamic-code>", 5)])]
     one = 'Stack (most recent call first):\n  File "<dynamic-code>", line 2 in f\n'
     assert debugging.thread_stacks(one) == [(True, [("f", "<dynamic-code>", 2)])]

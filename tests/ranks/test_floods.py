@@ -16,17 +16,17 @@ import textwrap
 import pytest
 
 from ddp_helpers import launch
-from ddp_helpers.ranks import echo
-from ddp_helpers.ranks.echo import ECHO_LINE_CHARS, RankEcho
-from ddp_helpers.ranks.ranklog import LOG_CAP_BYTES, printable, read_tail
+from ddp_helpers.ranks import output_shown as echo
+from ddp_helpers.ranks.output_shown import ECHO_LINE_CHARS, RankEcho
+from ddp_helpers.ranks.output_log import LOG_CAP_BYTES, printable, read_tail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FLOOD = textwrap.dedent('''
     import json, os, resource, sys
     from ddp_helpers import launch
-    from ddp_helpers.ranks.cleanup import new_run_dir, remove_run_dir
-    from ddp_helpers.ranks.outbox import log_path
+    from ddp_helpers.ranks.folders import new_run_dir, remove_run_dir
+    from ddp_helpers.ranks.folders import log_path
 
     def flood(rank, world_size, mib):
         chunk = b"x" * 2**20

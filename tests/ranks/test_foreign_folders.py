@@ -14,7 +14,7 @@ import pytest
 
 from ddp_helpers import ConfigError
 from ddp_helpers.common.files import atomic_write, check_writable_dir
-from ddp_helpers.ranks.outbox import read_reports
+from ddp_helpers.ranks.reports import read_reports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOBODY = 65534
@@ -213,7 +213,7 @@ def test_atomic_write_never_writes_through_a_link(tmp_path):
 def test_stale_folder_cleanup_leaves_another_users_folders_and_links_alone(shared_tmp, tmp_path):
     """remove_stale judges only real folders of this user's: another user's folder that looks dead (an unheld
     lock) is neither read nor removed, and a link to a folder of ours is not followed."""
-    from ddp_helpers.ranks import cleanup as C
+    from ddp_helpers.ranks import folders as C
 
     theirs = os.path.join(shared_tmp, C.RUN_DIR_PREFIX + "theirs")
 

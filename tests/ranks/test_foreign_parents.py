@@ -41,7 +41,7 @@ def test_the_issues_scenario_writes_and_removes_nothing_in_the_owners_folder(sha
     save is refused, naming <tmp>/x and its owner; nothing in the owner's folder is overwritten or pruned."""
     from ddp_helpers import TrainConfig, run_training
     from ddp_helpers.engine import checkpoint, config
-    from ddp_helpers.ranks.report import RankFailedError
+    from ddp_helpers.ranks.reports import RankFailedError
 
     precious = precious_folder(tmp_path)
     x = os.path.join(shared_tmp, "x")

@@ -22,7 +22,7 @@ import pytest
 import ddp_helpers
 from ddp_helpers import run_training
 from ddp_helpers.engine import runner
-from ddp_helpers.ranks import cleanup, startmethod, store
+from ddp_helpers.ranks import folders, starting, startmethod
 from ddp_helpers.ranks.launcher import LaunchInterrupted
 
 PACKAGE = os.path.dirname(os.path.abspath(ddp_helpers.__file__))
@@ -78,7 +78,7 @@ def _interrupt_every_line_of(make, tmp_path, prefix: str, kept=lambda made: made
     a folder made whole and handed over (kept(made): to the caller, or registered for removal at exit)."""
     with InterruptAt() as counting:
         made = make()
-    cleanup.remove_run_dir(kept(made))
+    folders.remove_run_dir(kept(made))
     reset()
     before = _fds()
     for k in range(counting.lines):
@@ -90,7 +90,7 @@ def _interrupt_every_line_of(make, tmp_path, prefix: str, kept=lambda made: made
             pass
         whole = kept(made)
         if whole is not None:  # the interrupt landed after it was whole: it is the caller's to remove
-            cleanup.remove_run_dir(whole)
+            folders.remove_run_dir(whole)
             reset()
         assert _left(str(tmp_path), prefix) == [], f"interrupted at line {k} of {counting.lines}"
         assert _fds() == before, f"interrupted at line {k} of {counting.lines}"
@@ -100,35 +100,35 @@ def _interrupt_every_line_of(make, tmp_path, prefix: str, kept=lambda made: made
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
 def test_no_run_folder_and_no_fd_survive_an_interrupt_while_the_folder_is_made(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(cleanup, "SHORT_ROOT", str(tmp_path))  # the lines run depend on what the folder holds
-    assert _interrupt_every_line_of(cleanup.new_run_dir, tmp_path, cleanup.RUN_DIR_PREFIX) > 10
+    monkeypatch.setattr(folders, "SHORT_ROOT", str(tmp_path))  # the lines run depend on what the folder holds
+    assert _interrupt_every_line_of(folders.new_run_dir, tmp_path, folders.RUN_DIR_PREFIX) > 10
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
 def test_no_multiprocessing_folder_survives_an_interrupt_while_it_is_made(tmp_path, monkeypatch):
     """The forkserver's folder (startmethod), made at a process's first launch."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(cleanup, "SHORT_ROOT", str(tmp_path))  # where a long temp dir's socket folder would go
+    monkeypatch.setattr(folders, "SHORT_ROOT", str(tmp_path))  # where a long temp dir's socket folder would go
     config = multiprocessing.process.current_process()._config
     monkeypatch.delitem(config, "tempdir", raising=False)
 
-    assert _interrupt_every_line_of(startmethod._own_multiprocessing_dir, tmp_path, cleanup.MP_DIR_PREFIX,
+    assert _interrupt_every_line_of(startmethod._own_multiprocessing_dir, tmp_path, folders.MP_DIR_PREFIX,
                                     kept=lambda made: config.get("tempdir"),
                                     reset=lambda: config.pop("tempdir", None)) > 5
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
 def test_no_socket_survives_an_interrupt_while_the_store_socket_is_made(monkeypatch):
-    """The launch's rendezvous socket (store.bind_listener): an interrupt at any of its lines, its exception held
+    """The launch's rendezvous socket (starting.bind_listener): an interrupt at any of its lines, its exception held
     as a notebook holds it, leaves no descriptor. Raised inside socket.socket(), it left the new socket open,
     held by the traceback (found by the twenty interrupts below, at a line count the load made)."""
     with InterruptAt() as counting:
-        store.bind_listener("127.0.0.1", 0).close()
+        starting.bind_listener("127.0.0.1", 0).close()
     before = _fds()
     for k in range(counting.lines):
         try:
             with InterruptAt(k):
-                store.bind_listener("127.0.0.1", 0).close()
+                starting.bind_listener("127.0.0.1", 0).close()
         except KeyboardInterrupt as e:
             monkeypatch.setattr(sys, "last_value", e, raising=False)  # held, as a notebook holds its last error
         assert _fds() == before, f"interrupted at line {k} of {counting.lines}"
@@ -163,6 +163,6 @@ def test_twenty_interrupts_anywhere_in_run_training_leave_nothing(small_cfg, tmp
         e = _interrupted_run(cfg, k)
         interrupted += e is not None
         monkeypatch.setattr(sys, "last_value", e, raising=False)  # held, as a notebook holds its last error
-        assert _left(str(tmp_path), cleanup.RUN_DIR_PREFIX) == [], f"interrupted at line {k}"
+        assert _left(str(tmp_path), folders.RUN_DIR_PREFIX) == [], f"interrupted at line {k}"
         assert _fds() == before, f"interrupted at line {k} of {counting.lines}"
     assert interrupted >= 18, f"only {interrupted} of {len(points)} runs were interrupted"

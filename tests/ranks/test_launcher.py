@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ddp_helpers import RankFailedError, launch
 from ddp_helpers.ranks.launcher import raised_in_collective
-from ddp_helpers.ranks.payload import dumps
+from ddp_helpers.ranks.starting import dumps
 
 
 def _one_rank_ends_early(rank: int, world_size: int, wait_s: float) -> int:
@@ -154,7 +154,7 @@ def test_a_launched_function_reads_torchruns_variables_and_joins_with_no_argumen
 PER_JOB = {"MASTER_ADDR": "the host each was given (torchrun --standalone says localhost)",
            "MASTER_PORT": "a free port, picked per job", "TORCHELASTIC_RUN_ID": "one id per job"}
 TORCHRUN_ONLY = {"TORCHELASTIC_ERROR_FILE": "torchrun's agent reads each rank's error from it; launched ranks leave "
-                                            "their outcome in the run folder (ranks/outbox.py)",
+                                            "their outcome in the run folder (ranks/folders.py)",
                  "TORCHELASTIC_SIGNALS_TO_HANDLE": "the agent's own setting (torchrun's run.py), inherited"}
 ENV_DUMP = """import json, os
 with open(os.path.join({out!r}, "env" + os.environ["RANK"] + ".json"), "w") as fh:

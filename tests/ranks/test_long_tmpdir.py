@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ddp_helpers.common.errors import ConfigError
-from ddp_helpers.ranks import cleanup, startmethod
+from ddp_helpers.ranks import folders, startmethod
 
 SCRIPT = """
 import os
@@ -35,7 +35,7 @@ def test_a_launch_from_a_long_temp_dir(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and out.strip() == "[0, 1]", out + err
     assert "AF_UNIX" not in err
-    for folder in glob.glob(os.path.join(cleanup.SHORT_ROOT, cleanup.MP_DIR_PREFIX + "*")):  # its own: removed
+    for folder in glob.glob(os.path.join(folders.SHORT_ROOT, folders.MP_DIR_PREFIX + "*")):  # its own: removed
         try:
             with open(os.path.join(folder, "owner")) as fh:
                 assert not fh.read().startswith(f"{proc.pid} "), folder
@@ -46,12 +46,12 @@ def test_a_launch_from_a_long_temp_dir(tmp_path):
 def test_the_socket_root_is_chosen_by_the_path_length(monkeypatch):
     assert startmethod.socket_root("/tmp") is None
     long = "/scratch/" + "a" * 80
-    assert startmethod.socket_root(long) == cleanup.SHORT_ROOT
+    assert startmethod.socket_root(long) == folders.SHORT_ROOT
     monkeypatch.setattr(startmethod, "SOCKET_PATH_MAX", 108)
     assert startmethod.socket_root("/" + "b" * 64) is None  # 107 bytes with its NUL: fits on Linux ...
     monkeypatch.setattr(startmethod, "SOCKET_PATH_MAX", 104)
-    assert startmethod.socket_root("/" + "b" * 64) == cleanup.SHORT_ROOT  # ... not on macOS
-    monkeypatch.setattr(cleanup, "SHORT_ROOT", "/nonexistent-short-root")
+    assert startmethod.socket_root("/" + "b" * 64) == folders.SHORT_ROOT  # ... not on macOS
+    monkeypatch.setattr(folders, "SHORT_ROOT", "/nonexistent-short-root")
     with pytest.raises(ConfigError, match=r"TMPDIR='/scratch/a+' is not accepted: .*AF_UNIX.*set TMPDIR to a "
                                           r"shorter folder"):
         startmethod.socket_root(long)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from ddp_helpers import RankFailedError, launch
-from ddp_helpers.ranks import cleanup as C
+from ddp_helpers.ranks import folders as C
 
 from _procs import ENDS_WITHIN_S, describe_and_kill, outliving, running, survivors_of_killed, wait_for
 

@@ -172,15 +172,15 @@ def _removed(cgroup: str) -> bool:
 def test_a_rank_collects_what_it_killed_before_it_exits(monkeypatch):
     """end_descendants: a child and the grandchild it left behind (adopted: the subreaper) are killed and reaped,
     so none of them still holds a pid; on Windows only killed (os.waitpid(-1) would wait on the rank itself)."""
-    from ddp_helpers.ranks import lifetime
+    from ddp_helpers.ranks import ending
 
     pid = os.fork()
     if pid == 0:  # a process of the test standing in for a rank: its child forks a grandchild and exits
-        lifetime.become_subreaper()
+        ending.become_subreaper()
         child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
                                   "subprocess.Popen(['sleep', '60']); sys.exit(0)"])
         child.wait()  # the grandchild is now an orphan, ours
-        lifetime.end_descendants()
+        ending.end_descendants()
         try:
             os.waitpid(-1, os.WNOHANG)
             os._exit(3)  # a child left to collect
@@ -190,7 +190,7 @@ def test_a_rank_collects_what_it_killed_before_it_exits(monkeypatch):
     assert os.waitstatus_to_exitcode(status) == 0
     calls = []
     monkeypatch.setattr(os, "name", "nt")
-    monkeypatch.setattr(lifetime, "kill_descendants", lambda: calls.append("killed"))
+    monkeypatch.setattr(ending, "kill_descendants", lambda: calls.append("killed"))
     monkeypatch.setattr(os, "waitpid", lambda *a: calls.append("waited"))
-    lifetime.end_descendants()
+    ending.end_descendants()
     assert calls == ["killed"]

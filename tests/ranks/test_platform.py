@@ -14,7 +14,7 @@ import pytest
 from _procs import without_torch_note
 
 import ddp_helpers.ranks.cores as P
-import ddp_helpers.ranks.lifetime as L
+import ddp_helpers.ranks.starting as S
 from ddp_helpers import TrainConfig
 from ddp_helpers.engine import faults
 from ddp_helpers.ranks.checks import check_start_method
@@ -34,17 +34,17 @@ def test_auto_is_forkserver_where_the_platform_has_it_else_spawn(monkeypatch):
 
 
 def test_peak_memory_without_the_resource_module_comes_from_psutil(monkeypatch):
-    monkeypatch.setattr(L, "resource", None)  # no resource module, as on Windows
-    peak = L.peak_rss_bytes()
+    monkeypatch.setattr(S, "resource", None)  # no resource module, as on Windows
+    peak = S.peak_rss_bytes()
     assert peak >= psutil.Process().memory_info().rss * 0.5 and peak < 2**40
 
 
 def test_peak_memory_on_macos_is_already_in_bytes(monkeypatch):
     import resource
 
-    linux = L.peak_rss_bytes(children=False)
+    linux = S.peak_rss_bytes(children=False)
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert L.peak_rss_bytes(children=False) == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert S.peak_rss_bytes(children=False) == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert linux == 1024 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 

@@ -7,8 +7,8 @@ import warnings
 import pytest
 
 from ddp_helpers import RankFailedError, launch
-from ddp_helpers.ranks import echo
-from ddp_helpers.ranks.echo import ECHO_LINE_CHARS, ECHO_LINES, RankEcho
+from ddp_helpers.ranks import output_shown as echo
+from ddp_helpers.ranks.output_shown import ECHO_LINE_CHARS, ECHO_LINES, RankEcho
 
 
 def _lines_of(out: str, rank: int) -> list:
@@ -106,7 +106,7 @@ def test_the_echo_follows_a_log_across_its_rotation_and_reads_only_whole_lines(t
     assert capsys.readouterr().out == "[rank 0] one\n"
     with open(path, "a") as fh:
         fh.write("o\nthree before the rotation\n")
-    os.replace(path, path + ".1")  # what ranklog does at its cap
+    os.replace(path, path + ".1")  # what output_log does at its cap
     with open(path, "w") as fh:
         fh.write("four\r\n40%\r100%\nfive")
     reader.finish()
@@ -125,7 +125,7 @@ def test_the_cap_is_per_launch(tmp_path, capsys, monkeypatch):
     assert not reader.shown_all
     assert capsys.readouterr().out.splitlines() == [
         "[rank 3] a", "[rank 3] b",
-        "[rank 3] ... further lines not shown (ECHO_LINES = 2 per rank and launch, in ddp_helpers/ranks/echo.py; "
+        "[rank 3] ... further lines not shown (ECHO_LINES = 2 per rank and launch, in ddp_helpers/ranks/output_shown.py; "
         "launch(quiet=True) shows none)",
         "[rank 3] ... 2 more lines not shown"]
     reader.close()
@@ -135,7 +135,7 @@ def test_a_cell_function_keeps_its_file_name_on_the_way_to_the_ranks():
     """cloudpickle would name its code (and a lambda's inside it) "<dynamic-code>": no cell could be named."""
     import pickle
 
-    from ddp_helpers.ranks.payload import dumps
+    from ddp_helpers.ranks.starting import dumps
 
     ns = {"__name__": "__main__"}
     exec(compile("def f(x):\n    g = lambda y: 1 / y\n    return g(x)\n", "/tmp/ipykernel_1/123.py", "exec"), ns)

@@ -12,14 +12,14 @@ import psutil
 import pytest
 
 from ddp_helpers import RankFailedError, launch
-from ddp_helpers.ranks import cleanup as C
-from ddp_helpers.ranks.ranklog import LOG_CAP_BYTES, read_tail
+from ddp_helpers.ranks import folders as C
+from ddp_helpers.ranks.output_log import LOG_CAP_BYTES, read_tail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 OWNER = textwrap.dedent("""
     import os, sys
-    from ddp_helpers.ranks.cleanup import new_run_dir
+    from ddp_helpers.ranks.folders import new_run_dir
     folder = new_run_dir()
     print(folder, os.getpid(), flush=True)
     sys.stdin.readline()  # until the test has run another launch's clean-up
@@ -60,6 +60,32 @@ def test_a_folder_whose_owner_file_names_a_dead_pid_is_kept_while_its_lock_is_he
     C.release(folder)
     C.remove_stale()
     assert not os.path.exists(folder)
+
+
+@pytest.mark.skipif(C.fcntl is None, reason="flock: POSIX only")
+def test_the_lock_probe_tells_a_held_lock_from_a_free_one_and_holds_it_for_its_block(tmp_path):
+    """The one flock probe (a dead launch's folder, a torchrun rank gone, the last rank out): held by a live
+    process it is not free; free once that process ends; unknown for a missing file; held while the block runs."""
+    lock = str(tmp_path / "owner.lock")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | "
+                               "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); "
+                               "sys.stdin.readline()", lock], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with C.lock_free(lock) as free:
+            assert free is False
+    finally:
+        holder.communicate("go\n", timeout=60)
+    with C.lock_free(lock) as free:
+        assert free is True
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError):  # another descriptor can't share it while the block holds it
+                C.fcntl.flock(fd, C.fcntl.LOCK_SH | C.fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    with C.lock_free(str(tmp_path / "missing.lock")) as free:
+        assert free is None
 
 
 def _prints_a_lot_then_fails(rank: int, world_size: int, megabytes: int) -> None:

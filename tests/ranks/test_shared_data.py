@@ -9,7 +9,7 @@ import torch
 
 from ddp_helpers import TrainConfig, launch, load_data
 from ddp_helpers.data import clear_cache
-from ddp_helpers.ranks.shared_watch import SharedDataChanged
+from ddp_helpers.ranks.starting import SharedDataChanged
 
 CFG = TrainConfig(dataset="mnist-5k")
 

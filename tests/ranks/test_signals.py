@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ddp_helpers import TrainConfig, launch, run_training
-from ddp_helpers.ranks import cleanup as C
+from ddp_helpers.ranks import folders as C
 from ddp_helpers.ranks import launcher as L
 
 from _procs import ENDS_WITHIN_S, default_signals, describe_and_kill, outliving, wait_for

@@ -1,4 +1,4 @@
-"""SLURM's variables as a way into a rank (ranks/slurm.py): host lists and tasks per node expanded as SLURM writes
+"""SLURM's variables as a way into a rank (ranks/env.py): host lists and tasks per node expanded as SLURM writes
 them, torchrun's variables winning where both are set, and no rank where srun didn't start several tasks."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 from ddp_helpers.ranks.env import RankEnv, adopt_scheduler_env, scheduler_env
-from ddp_helpers.ranks.slurm import (PORT_BASE, PORT_SPAN, SlurmJob, SlurmTask, expand_hostlist,
+from ddp_helpers.ranks.env import (PORT_BASE, PORT_SPAN, SlurmJob, SlurmTask, expand_hostlist,
                                      expand_tasks_per_node, rendezvous_port)
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"

@@ -13,8 +13,9 @@ import pytest
 
 from ddp_helpers import RankFailedError, launch
 from ddp_helpers.ranks import rank as rank_module
-from ddp_helpers.ranks.outbox import read_report_data, report_path
-from ddp_helpers.ranks.report import Report, diagnose, read_rank_reports
+from ddp_helpers.ranks.folders import report_path
+from ddp_helpers.ranks.reports import read_report_data
+from ddp_helpers.ranks.reports import Report, diagnose, read_rank_reports
 
 needs_fork = pytest.mark.skipif(sys.platform == "win32", reason="the rank inherits a patched writer by fork")
 
@@ -46,13 +47,13 @@ def test_an_error_whose_str_raises_is_named_by_its_type():
                            "raised ValueError)")
     assert "os._exit()" not in str(err) and "native code" not in str(err)
     assert "_raise_unprintable" in err.traceback_text  # the rank's own traceback ...
-    assert f"ranks{os.sep}report.py" not in err.traceback_text  # ... not one from the package's report code
+    assert f"ranks{os.sep}reports.py" not in err.traceback_text  # ... not one from the package's report code
     assert isinstance(err.original, Unprintable)
 
 
 def test_torchruns_error_file_names_an_unprintable_error(tmp_path, monkeypatch):
     """Under torchrun, elastic's @record formats f"{type(e).__name__}: {e}" itself: the handler keeps it whole."""
-    from ddp_helpers.ranks.torchrun_errors import AtomicErrorHandler
+    from ddp_helpers.ranks.rank import AtomicErrorHandler
 
     file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
@@ -68,7 +69,7 @@ def test_torchruns_error_file_names_an_unprintable_error(tmp_path, monkeypatch):
 FORGED = {
     "cut short": pickle.dumps(Report(True, value=pickle.dumps(1)))[:-9],
     "garbage": b"\x80\x04not a pickle at all",
-    "a class that isn't there": b"cddp_helpers.ranks.report\nNoSuchReport\n.",
+    "a class that isn't there": b"cddp_helpers.ranks.reports\nNoSuchReport\n.",
     "another object": pickle.dumps({"ok": True}),
 }
 WHY = {"cut short": r"(UnpicklingError|EOFError) while unpickling it", "garbage": "UnpicklingError while unpickling it",

@@ -1,24 +1,26 @@
 """A launched rank's output shown by the launching process as it comes (in a notebook: in the cell), each line
-prefixed "[rank r] ", as Lightning's ddp_notebook and accelerate's notebook_launcher show theirs.
+prefixed "[rank r] ", as Lightning's ddp_notebook and accelerate's notebook_launcher show theirs, and a notebook
+cell named as IPython names it in what a rank printed or raised.
 
-The rank writes to its log (ranks/ranklog.py); the launcher's watch loop reads each log from where it last
+Kept beside torch elastic's TailLog, which copies every whole line unbounded: here a flood stays capped and escaped.
+The rank writes to its log (ranks/output_log.py); the launcher's watch loop reads each log from where it last
 stopped and prints the new complete lines: a rank's output reaches the cell only through its parent. stdout and
 stderr share the log, so a rank's lines keep the order it wrote them in; both are shown on the parent's stdout.
 Capped per rank and launch, as the log itself is: a print loop can't flood the notebook. Bounded per poll: at most
 ECHO_READ_BYTES of a log is read at a time, and a line longer than ECHO_LINE_CHARS is shown cut and the rest of it
 counted, never held (issue 61: a flood without newlines grew the launcher as much as it wrote). Control
-characters are escaped (ranklog.printable): a rank can't forge another's prefix. Standard library only.
+characters are escaped (output_log.printable): a rank can't forge another's prefix. Standard library only.
 """
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import sys
 from typing import List, Optional
 
-from .cells import name_cells
-from .outbox import log_path
-from .ranklog import LOG_CAP_BYTES, printable
+from .folders import log_path
+from .output_log import LOG_CAP_BYTES, printable
 
 ECHO_LINES = 200  # a rank's lines shown per launch; past them, one line says so, and the count comes at the end
 ECHO_LINE_CHARS = 2000  # a longer line is cut here (a tensor printed whole, output without a newline)
@@ -56,7 +58,7 @@ class RankEcho:
     def finish(self) -> None:
         """Print what is left (a last line without its newline too), and what the caps held back."""
         data = self._read()
-        while data:  # the rank has ended: its log no longer grows (at most twice ranklog's cap is left)
+        while data:  # the rank has ended: its log no longer grows (at most twice output_log's cap is left)
             self._take(data)
             data = self._read()
         if self.pending and not self.cutting:
@@ -69,7 +71,7 @@ class RankEcho:
             _say(f"[rank {self.rank}] ... {self.held_back:,} more lines not shown\n")
         if self.lost:
             _say(f"[rank {self.rank}] ... and output its log dropped before it was read, not counted (a log keeps "
-                 f"its newest {2 * LOG_CAP_BYTES // 2**20} MiB: ranklog.LOG_CAP_BYTES, twice)\n")
+                 f"its newest {2 * LOG_CAP_BYTES // 2**20} MiB: output_log.LOG_CAP_BYTES, twice)\n")
 
     def _read(self) -> bytes:
         """At most ECHO_READ_BYTES of the log, from where the last read stopped; across its rotation, the rest
@@ -91,7 +93,7 @@ class RankEcho:
         return data
 
     def _set_aside(self) -> bool:
-        """True when the log file we read is no longer the rank's log (ranklog rotated it)."""
+        """True when the log file we read is no longer the rank's log (output_log rotated it)."""
         try:
             return os.stat(self.path).st_ino != os.fstat(self.fh.fileno()).st_ino
         except OSError:  # between the log's rotation and its new file: next time
@@ -131,7 +133,7 @@ class RankEcho:
         _say(f"[rank {self.rank}] {name_cells(printable(text))}\n")
         if self.shown == ECHO_LINES:
             _say(f"[rank {self.rank}] ... further lines not shown (ECHO_LINES = {ECHO_LINES} per rank and launch, "
-                 "in ddp_helpers/ranks/echo.py; launch(quiet=True) shows none)\n")
+                 "in ddp_helpers/ranks/output_shown.py; launch(quiet=True) shows none)\n")
         return cut
 
     def close(self) -> None:
@@ -174,3 +176,50 @@ class LaunchEcho:
 def echo_for(run_dir: str, world_size: int, quiet: bool) -> Optional[LaunchEcho]:
     """The launch's echo, or None when quiet."""
     return None if quiet else LaunchEcho(run_dir, world_size)
+
+
+# --- a notebook cell named as IPython names it ("Cell In[3], line 5"), in what a rank printed or raised ---
+# A function defined in a cell reaches a rank with its code's file name, the one the kernel gave the cell
+# (ipykernel: /tmp/ipykernel_<pid>/<hash>.py; see starting.dumps). Only the kernel knows which cell that is
+# (IPython.core.compilerop.CachingCompiler.format_code_name) and holds its source (linecache): the ranks, started
+# from a clean server, have neither. So the launching process rewrites what a rank said.
+
+_FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<rest>.*)$')
+_WARNING = re.compile(r'^(?P<file>(?:[A-Za-z]:)?[^:]+\.py):(?P<line>\d+): ')  # warnings.formatwarning's first line
+
+
+def cell_label(filename: str) -> Optional[str]:
+    """'Cell In[3]' for a file name this IPython kernel gave one of its cells; else None."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    if name is None:
+        return None
+    try:
+        found = name(filename)
+    except Exception:  # noqa: BLE001 - an IPython whose compiler differs: the file name stays
+        return None
+    return f"{found[0]} {found[1]}" if found else None
+
+
+def name_cells(text: str) -> str:
+    """text (a traceback, or a line a rank printed) with each cell's file name given as IPython gives it, and
+    each traceback frame in a cell followed by the cell's line, read from this kernel."""
+    if "/" not in text and "\\" not in text and "<" not in text:
+        return text  # no file name in it (most printed lines)
+    out: List[str] = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        frame = _FRAME.match(line)
+        label = cell_label(frame["file"]) if frame else None
+        if frame and label:
+            out.append(f"{frame['indent']}{label}, line {frame['line']}{frame['rest']}")
+            source = linecache.getline(frame["file"], int(frame["line"])).strip()
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            if source and following.strip() != source:  # a rank without the cell's source printed none
+                out.append(f"{frame['indent']}  {source}")
+            continue
+        warning = _WARNING.match(line)
+        label = cell_label(warning["file"]) if warning else None
+        out.append(f"{label}, line {warning['line']}: {line[warning.end():]}" if label else line)
+    return "\n".join(out)

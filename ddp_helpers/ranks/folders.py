@@ -1,10 +1,23 @@
-"""What a launch leaves behind, and removing it: its run folder, what a dead launch left, its signal handlers.
+"""Run folders: where every rank leaves its outcome, its rows and its log; making them, holding them, telling
+a dead owner's from a live one's (one flock probe: lock_free), removing them and what a dead launch left; and the
+signal handlers that end a launch as Ctrl-C does.
+
+launch()'s ranks and torchrun's ranks report the same way. Each rank writes:
+- its report, renamed into place (a reader sees none of it or all of it): `report<r>.pkl` for launch()'s ranks
+  (its value, any object, by cloudpickle), read only from a folder that is this user's alone (mkdtemp, owned,
+  0700), so no other user can have put code there; `report<r>.json` for torchrun's ranks (data, never code:
+  their folder is shared by independent processes and found by name) (ranks/reports.py);
+- `rank<r>.rows`: its per-step rows, in a file mapped into memory (ranks/rows.py). A row is in the file
+  the moment the rank writes it, so a rank that is killed (by a signal, the OOM killer, torchrun's agent)
+  loses nothing it had written, and another process on the machine can read it at any time;
+- `rank<r>.log` (launched ranks): its stdout and stderr (ranks/output_log.py).
 
 Ctrl-C can't split a folder's making or removal: a folder is whole (its owner file written, its lock held) and
 handed to the caller, or gone, and no descriptor is left open (an interrupt between mkdtemp and hold() once left
 a folder holding only its owner file, and the temp dir kept it after the kernel ended)."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import multiprocessing.process
 import os
@@ -13,21 +26,36 @@ import signal
 import stat
 import tempfile
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
-from .ending import interrupts_deferred
+from .ending import interrupts_deferred, stop_helpers
 
 try:
     import fcntl
 except ImportError:  # Windows: a folder's owner is named by its pid and start time instead
     fcntl = None  # type: ignore[assignment]
 
-RUN_DIR_PREFIX = "ddp_helpers-ranks-"  # a launch's run folder in the temp dir (ranks/outbox.py: what is in it)
+RUN_DIR_PREFIX = "ddp_helpers-ranks-"  # a launch's run folder in the temp dir (what is in it: above)
 MP_DIR_PREFIX = "ddp_helpers-mp-"  # a launching process's multiprocessing folder (the forkserver's socket)
 SHORT_ROOT = "/tmp"  # where a socket's folder goes when the temp dir's path is too long for AF_UNIX
 LOCK = "owner.lock"  # held (flock, shared) by every process the folder belongs to, for as long as it runs
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a planted link is never opened
 _HELD: Dict[str, int] = {}  # folder -> the descriptor holding its lock in this process
+
+
+def report_path(run_dir: str, rank: int, as_json: bool = False) -> str:
+    """Where rank `rank` leaves its outcome (as_json: a torchrun rank's, data only)."""
+    return os.path.join(run_dir, f"report{rank}.{'json' if as_json else 'pkl'}")
+
+
+def rows_path(run_dir: str, rank: int) -> str:
+    """Where rank `rank` keeps its per-step rows."""
+    return os.path.join(run_dir, f"rank{rank}.rows")
+
+
+def log_path(run_dir: str, rank: int) -> str:
+    """Where a launched rank's stdout and stderr go."""
+    return os.path.join(run_dir, f"rank{rank}.log")
 
 
 def new_run_dir() -> str:
@@ -106,17 +134,26 @@ def release(folder: str) -> None:
         os.close(fd)
 
 
-def _unheld(lock: str) -> bool:
-    """True when no process holds the lock (its folder is garbage)."""
+@contextlib.contextmanager
+def lock_free(lock: str) -> Iterator[Optional[bool]]:
+    """Is the flock on the file `lock` free, its holders all gone (they hold it for as long as they run)? True,
+    and held exclusively by this process for the block; False while a process holds it; None where it can't be
+    told (no such file, or not this user's to open; no flock: Windows)."""
+    if fcntl is None:
+        yield None
+        return
     try:
         fd = os.open(lock, os.O_RDONLY | _NOFOLLOW)
     except OSError:
-        return False  # not ours to judge (another user's), or just removed
+        yield None
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except OSError:
+            free = False
+        yield free
     finally:
         os.close(fd)
 
@@ -160,7 +197,8 @@ def _remove_if_stale(folder: str) -> None:
         return  # another user's, or a link: never read, never removed
     lock = os.path.join(folder, LOCK)
     if fcntl is not None and os.path.exists(lock):
-        stale = _unheld(lock)
+        with lock_free(lock) as free:
+            stale = free is True  # None: not ours to judge (another user's), or just removed
     else:
         stale = _owner_gone(folder)
     if stale:
@@ -178,8 +216,6 @@ def remove_run_dir(folder: str) -> None:
 def remove_own_multiprocessing_dir() -> None:
     """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
     remove the multiprocessing folder startmethod gave it, which would stay until the next launch."""
-    from .kernel_hooks import stop_helpers
-
     folder = multiprocessing.process.current_process()._config.get("tempdir")
     if folder is None or not os.path.basename(folder).startswith(MP_DIR_PREFIX):
         return  # none, or multiprocessing's own pymp-* (its finalizer's business)

@@ -1,5 +1,5 @@
 """A launched rank's stdout and stderr, Python's and C++'s alike: sent to its log file (which the launcher reads
-and shows, ranks/echo.py), and capped as it is written, so a rank that prints without end can't fill the disk
+and shows, ranks/output_shown.py), and capped as it is written, so a rank that prints without end can't fill the disk
 (8.86 GiB were seen before the cap) nor pass the cap between two looks at it (issue 61; docs/benchmarks.md).
 
 On POSIX the rank's fds 1 and 2 are a pipe whose other end the launcher holds: one thread of the launch
@@ -188,7 +188,7 @@ def _line_buffered() -> None:
 
 def output_to_pipe(end, path: str) -> None:
     """In a rank: send fds 1 and 2 to the launcher's pipe (LogKeeper.pipe_for), line-buffered. The log is created
-    first, empty: that the rank got this far (report.py tells a rank that died starting by its missing log), and
+    first, empty: that the rank got this far (reports.py tells a rank that died starting by its missing log), and
     an OSError if the run folder is gone (the launch has ended)."""
     os.close(_open(path))
     _point_output_at(os.dup(end.fileno()))

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .ending import interrupts_deferred
-from .outbox import rows_path
+from .folders import rows_path
 
 MAGIC = b"DDPROWS1"
 _ALIGN = 64  # each table starts on a cache line

@@ -1,17 +1,21 @@
-"""What each rank reports (its value or its error, left in the run folder: ranks/outbox.py), and which rank a
-failure is blamed on."""
+"""What each rank reports, its value or its error, left in the run folder (ranks/folders.py) renamed into place
+and read back (a pickle only from a folder that is this user's alone; JSON data for torchrun's ranks), and which
+rank a failure is blamed on. Standard library only at the top: the launcher imports it before torch."""
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
 import shutil
 import signal
+import stat
 import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from .outbox import Unreadable, log_path, log_tail, read_reports
+from ..common.files import atomic_write, private_dir_problem
+from .folders import log_path, report_path
 
 _TORCH_COMM_DIRS = (os.sep + os.path.join("torch", "distributed") + os.sep,
                     os.sep + os.path.join("torch", "nn", "parallel") + os.sep)
@@ -19,6 +23,108 @@ _AUTOGRAD_DIR = os.sep + os.path.join("torch", "autograd") + os.sep
 # The C++ sources of torch's collectives, as the location in front of their errors names them
 # ("[.../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer", ".../c10d/ProcessGroupNCCL.cpp").
 _CPP_COMM_SOURCES = re.compile(r"(third_party/gloo/|/gloo/transport/|/c10d/|ProcessGroup\w*\.cpp)")
+
+
+# --- the run folder's report files, written renamed into place, read only when they can be trusted ---
+
+
+def write_report(run_dir: str, rank: int, report: Any) -> None:
+    """Leave `report` (any picklable object) as this rank's outcome, renamed into place."""
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            pickle.dump(report, fh)
+    atomic_write(report_path(run_dir, rank), write)
+
+
+def write_report_data(run_dir: str, rank: int, data: Dict[str, Any]) -> None:
+    """Leave `data` (JSON: strings, numbers, booleans) as this rank's outcome, renamed into place."""
+    text = json.dumps(data)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+    atomic_write(report_path(run_dir, rank, as_json=True), write)
+
+
+def read_reports(run_dir: str, world_size: int) -> Dict[int, Any]:
+    """Every pickled outcome left so far, by rank; only from a folder that is this user's alone.
+
+    Unpickling runs code: a report is read only where no other user can have written one (private_dir_problem:
+    a real folder, owned by this user, mode 0700; launch()'s folders are made so by mkdtemp), and only a regular
+    file owned by this user (opened without following a link). Anything else is refused, unread. A file that
+    can't be unpickled is returned as Unreadable, never raised (read_rank_reports names it).
+    """
+    problem = private_dir_problem(run_dir)
+    if problem:
+        raise PermissionError(f"the run folder {run_dir} is refused: {problem}; no report in it was read. Use a "
+                              "folder made by ddp_helpers.ranks.folders.new_run_dir()")
+    found: Dict[int, Any] = {}
+    for rank in range(world_size):
+        data = _read_own(report_path(run_dir, rank), "rb")
+        if data is not None:
+            try:
+                found[rank] = pickle.loads(data)
+            except Exception as e:  # noqa: BLE001 - a cut or forged pickle fails with any error at all
+                found[rank] = Unreadable(report_path(run_dir, rank), f"{type(e).__name__} while unpickling it")
+    return found
+
+
+@dataclass
+class Unreadable:
+    """A report file that is there but can't be read (read_rank_reports names it, with its rank)."""
+
+    path: str
+    why: str
+
+    def said(self) -> str:
+        """The words for it."""
+        return (f"its report file {self.path} can't be read ({self.why}): it is corrupt or cut short, or was "
+                "not written by a rank of this package")
+
+
+def read_report_data(run_dir: str, world_size: int) -> Dict[int, Dict[str, Any]]:
+    """Every JSON outcome left so far, by rank (data, never code); a file that isn't a JSON object is read as a
+    failed report that names it."""
+    found = {}
+    for rank in range(world_size):
+        data = _read_own(report_path(run_dir, rank, as_json=True), "r")
+        if data is None:
+            continue
+        try:
+            value = json.loads(data)
+        except ValueError as e:
+            value = e
+        if not isinstance(value, dict):  # data, never code; a file that isn't a JSON object is named as such
+            why = "not JSON" if isinstance(value, ValueError) else f"JSON {type(value).__name__}, not an object"
+            value = {"ok": False, "text": Unreadable(report_path(run_dir, rank, as_json=True), why).said()}
+        found[rank] = value
+    return found
+
+
+def _read_own(path: str, mode: str) -> Any:
+    """A file's contents if it is a regular file owned by this user, opened without following a link; None if
+    it is missing. Another user's file, or a link, raises PermissionError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise PermissionError(f"{path} is refused ({e.strerror or e}: a link, or not this user's file)") from None
+    with os.fdopen(fd, mode) as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            raise PermissionError(f"{path} is refused: not a regular file of this user's (uid {st.st_uid})")
+        return fh.read()
+
+
+def log_tail(run_dir: str, rank: int, n: int = 2000) -> str:
+    """The last n characters of a launched rank's log, read from the file's end (a log can be large)."""
+    from .output_log import read_tail
+
+    return read_tail(log_path(run_dir, rank), n)
+
+
+# --- a rank's report, and the rank a failure is blamed on ---
 
 
 class RankFailedError(RuntimeError):
@@ -80,7 +186,7 @@ _FIELD_TYPES = {"ok": (bool,), "value": (bytes, type(None)), "error": (bytes, ty
 
 
 def read_rank_reports(run_dir: str, world_size: int) -> Dict[int, Report]:
-    """Every rank's report left so far (outbox.read_reports); a file that can't be read, or that holds anything
+    """Every rank's report left so far (read_reports); a file that can't be read, or that holds anything
     but a rank's Report, becomes a failed report naming it, so the rank is blamed by name and nothing is raised raw."""
     found = {}
     for rank, rep in read_reports(run_dir, world_size).items():
