@@ -59,6 +59,12 @@ import torch
 from ddp_helpers import TrainConfig, run_training
 _t_torch = time.time()
 """ + COMMON_SETUP,
+    "ddp_helpers-fork": """\
+import ddp_helpers
+import torch
+from ddp_helpers import TrainConfig, run_training
+_t_torch = time.time()
+""" + COMMON_SETUP,
     "lightning": """\
 import torch
 import lightning as L
@@ -76,6 +82,10 @@ DEFS = {
     "ddp_helpers": """\
 def job():
     return run_training(TrainConfig(dataset="mnist-5k"), progress=False)
+""",
+    "ddp_helpers-fork": """\
+def job():
+    return run_training(TrainConfig(dataset="mnist-5k"), progress=False, start_method="fork")
 """,
     "lightning": """\
 import torch.nn.functional as F
@@ -155,7 +165,10 @@ print("REPORT " + _json.dumps(_out))
 """
 
 CONTENDERS = tuple(SETUP)
-MODULE_OF = {"ddp_helpers": "ddp_helpers", "lightning": "lightning", "accelerate": "accelerate"}
+DEFAULT = ("ddp_helpers", "lightning", "accelerate")  # ddp_helpers-fork: the package's ranks forked from the kernel,
+# as accelerate's are (no warm_up(), no server): measured to weigh that way for the first call, not a default
+MODULE_OF = {"ddp_helpers": "ddp_helpers", "ddp_helpers-fork": "ddp_helpers", "lightning": "lightning",
+             "accelerate": "accelerate"}
 
 
 def _kernel_spec_dir(python: str) -> str:
@@ -186,13 +199,15 @@ def _execute(kc, code: str, timeout: float) -> tuple:
     return took, "".join(printed)
 
 
-def run_once(name: str, spec_dir: str, warm_calls: int) -> dict:
+def run_once(name: str, spec_dir: str, warm_calls: int, trees: dict) -> dict:
     """One fresh kernel: the contender's set-up cell, its first call and warm_calls more; seconds per phase."""
+    tree = trees.get(name, ROOT)  # ddp_helpers@NAME: the package of another checkout (--also-tree)
+    name = name.split("@")[0]
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
     clock = os.path.join(spec_dir, f"clock-{name}-{time.time_ns()}.json")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, BENCH]), "DDP_HELPERS_PROGRESS": "0",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, BENCH]), "DDP_HELPERS_PROGRESS": "0",
            "FIRST_CALL_CLOCK": clock, "DDP_HELPERS_PRELOAD": "_server_clock"}
     km = KernelManager(kernel_name="bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[spec_dir]))
     t0 = time.monotonic()
@@ -213,14 +228,13 @@ def run_once(name: str, spec_dir: str, warm_calls: int) -> dict:
         km.shutdown_kernel(now=False)
     got["setup_torch"] = report["t_torch"] - report["t_setup"]  # the set-up cell up to its imports' end
     got["setup_cpu"] = report["setup_cpu"]
-    if name == "ddp_helpers" and report.get("server_ready"):
-        first_end_of_wait = max(report["server_ready"], report["t_first"])
-        got["server_ready"] = report["server_ready"] - report["t_setup"]  # from the set-up cell's start
-        got["server_start"] = report["server_start"] - report["t_setup"]
+    if report.get("server_ready"):
+        got["server_start"] = report["server_start"] - report["t_setup"]  # from the set-up cell's start
+        got["server_ready"] = report["server_ready"] - report["t_setup"]
         got["server_cpu"] = report["server_cpu"]
-        got["wait"] = first_end_of_wait - report["t_first"]
-        got["startup"] = report["startup"]
-        got["loop"] = report["loop"]
+        got["wait"] = max(report["server_ready"], report["t_first"]) - report["t_first"]
+    if "startup" in report:
+        got["startup"], got["loop"] = report["startup"], report["loop"]
         got["rest"] = (report["t_first_end"] - report["t_first"]) - report["startup"] - report["loop"]
     return got
 
@@ -244,9 +258,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=6, help="rounds; each runs every contender once (default 6)")
     p.add_argument("--warm-calls", type=int, default=3, help="calls after the first, per kernel (default 3)")
-    p.add_argument("--contenders", default=",".join(CONTENDERS),
-                   help=f"comma-separated, from {', '.join(CONTENDERS)} (default: all)")
+    p.add_argument("--contenders", default=",".join(DEFAULT),
+                   help=f"comma-separated, from {', '.join(CONTENDERS)} (default: {','.join(DEFAULT)})")
     p.add_argument("--python", default=sys.executable, help="the kernels' interpreter (default: this one)")
+    p.add_argument("--also-tree", action="append", default=[], metavar="DIR",
+                   help="another checkout of the package (a git worktree of an older commit): ddp_helpers from it "
+                        "runs too, as the contender ddp_helpers@<DIR's name>")
     p.add_argument("--markdown", action="store_true", help="Markdown tables")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.warm_calls < 1:
@@ -262,6 +279,11 @@ def main(argv=None) -> int:
         if n not in present:
             print(f"{n}: left out, {args.python} can't import {MODULE_OF[n]} "
                   f"(pip install -r benchmarks/requirements-peers.txt)")
+    trees = {f"ddp_helpers@{os.path.basename(os.path.abspath(t))}": os.path.abspath(t) for t in args.also_tree}
+    for t in args.also_tree:
+        if not os.path.isfile(os.path.join(t, "ddp_helpers", "__init__.py")):
+            p.error(f"--also-tree {t}: no ddp_helpers package in it")
+    present += list(trees)
     if not present:
         return 1
     spec_dir = _kernel_spec_dir(args.python)
@@ -272,9 +294,9 @@ def main(argv=None) -> int:
         for rnd in range(args.rounds):
             order = present[rnd % len(present):] + present[:rnd % len(present)]
             for n in order:
-                got = run_once(n, spec_dir, args.warm_calls)
+                got = run_once(n, spec_dir, args.warm_calls, trees)
                 runs[n].append(got)
-                print(f"round {rnd + 1} {n:12s} kernel {got['kernel']:.2f}  set-up {got['setup']:.2f}  "
+                print(f"round {rnd + 1} {n:16s} kernel {got['kernel']:.2f}  set-up {got['setup']:.2f}  "
                       f"first {got['first']:.2f}  warm {got['warm']:.3f}  (load {_load()})", flush=True)
     finally:
         shutil.rmtree(spec_dir, ignore_errors=True)
@@ -302,21 +324,23 @@ def _print_tables(runs: dict, rounds: int, markdown: bool) -> None:
                                            for c in cols) + " |")
     else:
         for n, rows in runs.items():
-            print(f"{n:12s} " + "  ".join(f"{h} {_median(rows, c):.3f}" for h, c in zip(heads, cols)))
-    mine = runs.get("ddp_helpers")
-    if mine and "wait" in mine[0]:
-        phases = ("setup_torch", "setup_cpu", "server_start", "server_ready", "server_cpu", "wait", "startup",
-                  "loop", "rest")
-        words = ("set-up cell: its imports' end", "set-up cell: the kernel's CPU time",
-                 "server started (from the set-up's start)", "server's preloads done (idem)",
-                 "server's CPU time by then",
-                 "first call: waiting for the server", "first call: start-up (wait included)",
-                 "first call: loop", "first call: the rest")
-        print("\nddp_helpers, the first call's phases (medians, s; kernel clocks)")
+            print(f"{n:16s} " + "  ".join(f"{h} {_median(rows, c):.3f}" for h, c in zip(heads, cols)))
+    phases = {"setup_torch": "set-up cell: its imports' end", "setup_cpu": "set-up cell: the kernel's CPU time",
+              "server_start": "server started (from the set-up's start)",
+              "server_ready": "server's preloads done (idem)",
+              "server_cpu": "server's CPU time by then", "wait": "first call: waiting for the server",
+              "startup": "first call: start-up (the wait included)", "loop": "first call: loop",
+              "rest": "first call: the rest"}
+    for n, rows in runs.items():
+        shown = [k for k in phases if any(k in r for r in rows)]
+        if "startup" not in shown:
+            continue
+        print(f"\n{n}, the set-up's and first call's phases (medians, s; the kernel's and the server's clocks)")
         if markdown:
             print("| phase | s |\n|---|---|")
-        for k, w in zip(phases, words):
-            print(f"| {w} | {_median(mine, k):.3f} |" if markdown else f"  {w:42s} {_median(mine, k):.3f}")
+        for k in shown:
+            value = _median(rows, k)
+            print(f"| {phases[k]} | {value:.3f} |" if markdown else f"  {phases[k]:42s} {value:.3f}")
     for n, rows in runs.items():
         print(f"{n} set-up + first call by round: " + " / ".join(f"{r['setup+first']:.2f}" for r in rows))
 
