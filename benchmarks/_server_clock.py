@@ -1,6 +1,7 @@
 """For first_call_peers.py: when the forkserver's preloads end. Named last in DDP_HELPERS_PRELOAD, it is imported
 after every other preload; in that server it writes the wall clock then (and the server's start) and the CPU time it
 had used, to the file $FIRST_CALL_CLOCK names. Imported anywhere else, or without that variable, it does nothing."""
+import gc
 import json
 import os
 import sys
@@ -15,7 +16,8 @@ def _write(path: str) -> None:
     with open("/proc/uptime") as fh:
         boot = time.time() - float(fh.read().split()[0])
     with open(path, "w") as fh:
-        json.dump({"ready": time.time(), "start": boot + started_ticks / ticks, "cpu": cpu_ticks / ticks}, fh)
+        json.dump({"ready": time.time(), "start": boot + started_ticks / ticks, "cpu": cpu_ticks / ticks,
+                   "collections": sum(s["collections"] for s in gc.get_stats())}, fh)
 
 
 if os.environ.get("FIRST_CALL_CLOCK") and "multiprocessing.forkserver" in sys.modules and sys.argv[:1] == ["-c"]:

@@ -26,6 +26,11 @@ For ddp_helpers the first call is split further from the kernel's clocks: the wa
 ends when a module listed last in DDP_HELPERS_PRELOAD is imported, benchmarks/_server_clock.py), the ranks'
 start-up after that, the loop, and the rest (evaluation, the launch's end, the result). The contenders' order
 rotates each round (the machine's drift spreads over all of them); the load average is printed with each run.
+
+    --also-tree DIR      ddp_helpers from another checkout too (an older commit), as ddp_helpers@<DIR's name>
+    --contenders ...     ddp_helpers-fork too: the package's ranks forked from the kernel as accelerate's are
+    --server-imports N   instead: the forkserver's preloads module by module, CPU seconds, the garbage
+                         collector on and off alternated in N fresh interpreters
 """
 from __future__ import annotations
 
@@ -158,10 +163,30 @@ if __import__("os").path.exists(%(clock)r):
         _clock = _json.load(_fh)
 _out = {"t_setup": _t_setup, "t_torch": _t_torch, "t_first": _t_first, "t_first_end": _t_first_end,
         "t_warm": globals().get("_t_warm"), "server_ready": _clock.get("ready"), "server_start": _clock.get("start"),
-        "server_cpu": _clock.get("cpu"), "setup_cpu": _setup_cpu}
+        "server_cpu": _clock.get("cpu"), "server_collections": _clock.get("collections"), "setup_cpu": _setup_cpu}
 if hasattr(_first, "startup_s"):
     _out.update(startup=_first.startup_s, loop=_first.loop_time_s, wall=_first.wall_time_s)
 print("REPORT " + _json.dumps(_out))
+"""
+
+# --server-imports: the forkserver's preload list imported in a fresh interpreter, each module's CPU seconds, with
+# the garbage collector on (as before issue 62) and off (server_preload.preload now), then the freeze.
+SERVER_IMPORTS = """\
+import gc, json, sys, time
+from ddp_helpers.ranks.server_preload import MODULES
+collector_on = sys.argv[1] == "on"
+if not collector_on:
+    gc.disable()
+took, c0 = {}, time.process_time()
+for name in ("torch",) + MODULES:
+    __import__(name)
+    took[name], c0 = time.process_time() - c0, time.process_time()
+if collector_on:
+    gc.collect()
+gc.freeze()
+took["collect and freeze"] = time.process_time() - c0
+took["collections"] = sum(s["collections"] for s in gc.get_stats())
+print(json.dumps(took))
 """
 
 CONTENDERS = tuple(SETUP)
@@ -211,7 +236,8 @@ def run_once(name: str, spec_dir: str, warm_calls: int, trees: dict) -> dict:
            "FIRST_CALL_CLOCK": clock, "DDP_HELPERS_PRELOAD": "_server_clock"}
     km = KernelManager(kernel_name="bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[spec_dir]))
     t0 = time.monotonic()
-    km.start_kernel(env=env, cwd=ROOT, stderr=subprocess.DEVNULL)  # its notices; a failing cell's traceback comes back
+    # cwd: the tree too (a kernel puts its folder on sys.path, ahead of PYTHONPATH, and the server inherits it)
+    km.start_kernel(env=env, cwd=tree, stderr=subprocess.DEVNULL)  # its notices; a failing cell's traceback comes back
     kc = km.client()
     kc.start_channels()
     try:
@@ -232,11 +258,33 @@ def run_once(name: str, spec_dir: str, warm_calls: int, trees: dict) -> dict:
         got["server_start"] = report["server_start"] - report["t_setup"]  # from the set-up cell's start
         got["server_ready"] = report["server_ready"] - report["t_setup"]
         got["server_cpu"] = report["server_cpu"]
+        got["server_collections"] = report["server_collections"]
         got["wait"] = max(report["server_ready"], report["t_first"]) - report["t_first"]
     if "startup" in report:
         got["startup"], got["loop"] = report["startup"], report["loop"]
         got["rest"] = (report["t_first_end"] - report["t_first"]) - report["startup"] - report["loop"]
     return got
+
+
+def server_imports(rounds: int, python: str, markdown: bool) -> None:
+    """The server's preloads, module by module, collector on and off alternated in fresh interpreters: CPU s."""
+    runs = {"on": [], "off": []}
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for _ in range(rounds):
+        for mode in runs:
+            out = subprocess.run([python, "-c", SERVER_IMPORTS, mode], capture_output=True, text=True, env=env,
+                                 check=True)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    names = list(runs["on"][0])
+    print(f"\nthe server's preloads, CPU s (medians of {rounds}; load {_load()})")
+    if markdown:
+        print("| module | collector on | collector off |\n|---|---|---|")
+    for n in names + ["total"]:
+        on, off = ([sum(v for k, v in r.items() if k != "collections") if n == "total" else r[n] for r in runs[m]]
+                   for m in ("on", "off"))
+        fmt = "{:.0f}" if n == "collections" else "{:.3f}"
+        cells = (fmt.format(statistics.median(on)), fmt.format(statistics.median(off)))
+        print(f"| {n} | {cells[0]} | {cells[1]} |" if markdown else f"  {n:28s} {cells[0]:>8s} {cells[1]:>8s}")
 
 
 def _load() -> str:
@@ -264,14 +312,23 @@ def main(argv=None) -> int:
     p.add_argument("--also-tree", action="append", default=[], metavar="DIR",
                    help="another checkout of the package (a git worktree of an older commit): ddp_helpers from it "
                         "runs too, as the contender ddp_helpers@<DIR's name>")
+    p.add_argument("--server-imports", type=int, default=0, metavar="N",
+                   help="instead: the forkserver's preloads module by module, collector on and off, N rounds")
     p.add_argument("--markdown", action="store_true", help="Markdown tables")
     args = p.parse_args(argv)
+    if args.server_imports:
+        server_imports(args.server_imports, args.python, args.markdown)
+        return 0
     if args.rounds < 1 or args.warm_calls < 1:
         p.error("--rounds and --warm-calls must be at least 1")
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown or not names:
         p.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(CONTENDERS)}")
+    for t in args.also_tree:
+        if not os.path.isfile(os.path.join(t, "ddp_helpers", "__init__.py")):
+            p.error(f"--also-tree {t}: no ddp_helpers package in it")
+    trees = {f"ddp_helpers@{os.path.basename(os.path.abspath(t))}": os.path.abspath(t) for t in args.also_tree}
     if importlib.util.find_spec("jupyter_client") is None:
         p.error("jupyter_client is not installed here: pip install jupyter_client ipykernel")
     present = _available(names, args.python)
@@ -279,10 +336,6 @@ def main(argv=None) -> int:
         if n not in present:
             print(f"{n}: left out, {args.python} can't import {MODULE_OF[n]} "
                   f"(pip install -r benchmarks/requirements-peers.txt)")
-    trees = {f"ddp_helpers@{os.path.basename(os.path.abspath(t))}": os.path.abspath(t) for t in args.also_tree}
-    for t in args.also_tree:
-        if not os.path.isfile(os.path.join(t, "ddp_helpers", "__init__.py")):
-            p.error(f"--also-tree {t}: no ddp_helpers package in it")
     present += list(trees)
     if not present:
         return 1
@@ -318,7 +371,7 @@ def _print_tables(runs: dict, rounds: int, markdown: bool) -> None:
         for r in rows:
             r["setup+first"] = r["setup"] + r["first"]
     if markdown:
-        print("| contender | " + " | ".join(heads) + " |\n|---" * (len(heads) + 1) + "|")
+        print("| contender | " + " | ".join(heads) + " |\n" + "|---" * (len(heads) + 1) + "|")
         for n, rows in runs.items():
             print(f"| {n} | " + " | ".join(f"{_median(rows, c):.2f}" if c != "warm" else f"{_median(rows, c):.3f}"
                                            for c in cols) + " |")
@@ -328,7 +381,8 @@ def _print_tables(runs: dict, rounds: int, markdown: bool) -> None:
     phases = {"setup_torch": "set-up cell: its imports' end", "setup_cpu": "set-up cell: the kernel's CPU time",
               "server_start": "server started (from the set-up's start)",
               "server_ready": "server's preloads done (idem)",
-              "server_cpu": "server's CPU time by then", "wait": "first call: waiting for the server",
+              "server_cpu": "server's CPU time by then",
+              "server_collections": "server's garbage collections by then (count)", "wait": "first call: waiting for the server",
               "startup": "first call: start-up (the wait included)", "loop": "first call: loop",
               "rest": "first call: the rest"}
     for n, rows in runs.items():
