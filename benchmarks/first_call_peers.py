@@ -3,13 +3,15 @@ each in a fresh Jupyter kernel: what a learner waits for at the top of a noteboo
 
     python benchmarks/first_call_peers.py [--rounds 6] [--warm-calls 3] [--markdown]
 
-The peers are not dependencies of the package. Install them into a venv of their own that sees this one's torch
-(pip then finds torch installed and downloads none), and run the script with that interpreter:
+The peers are not dependencies of the package (benchmarks/requirements-peers.txt names them). Install them into a
+venv of their own that sees the project's (a .pth file naming its site-packages: pip then finds torch installed
+and downloads none, and the project's venv is left as it was), and run the script with that interpreter:
 
-    python -m venv /work/venvpeers
-    python -c "import site; print(site.getsitepackages()[0])" > /work/venvpeers/lib/python3.11/site-packages/main.pth
-    /work/venvpeers/bin/pip install -r benchmarks/requirements-peers.txt
-    /work/venvpeers/bin/python benchmarks/first_call_peers.py --markdown
+    .venv/bin/python -m venv /tmp/peers
+    .venv/bin/python -c "import site; print(site.getsitepackages()[0])" \
+        > /tmp/peers/lib/python3.11/site-packages/project.pth      # python3.11: the project venv's version
+    /tmp/peers/bin/pip install -r benchmarks/requirements-peers.txt
+    /tmp/peers/bin/python benchmarks/first_call_peers.py --markdown
 
 A contender whose package the interpreter can't import is left out, and said so. Every kernel is started with
 the interpreter running this script (`--python` to choose another) and the checkout on PYTHONPATH.
