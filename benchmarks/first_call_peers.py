@@ -384,7 +384,8 @@ def _print_tables(runs: dict, rounds: int, markdown: bool) -> None:
               "server_start": "server started (from the set-up's start)",
               "server_ready": "server's preloads done (idem)",
               "server_cpu": "server's CPU time by then",
-              "server_collections": "server's garbage collections by then (count)", "wait": "first call: waiting for the server",
+              "server_collections": "server's garbage collections by then (count)",
+              "wait": "first call: waiting for the server",
               "startup": "first call: start-up (the wait included)", "loop": "first call: loop",
               "rest": "first call: the rest"}
     for n, rows in runs.items():
