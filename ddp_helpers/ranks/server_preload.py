@@ -30,7 +30,8 @@ def _watch(launcher: int, stop: threading.Event) -> None:
 
 
 def preload() -> None:
-    """Import MODULES (and those $DDP_HELPERS_PRELOAD names), ending the server if its launcher dies meanwhile; then freeze the heap.
+    """Import MODULES (and those $DDP_HELPERS_PRELOAD names) with the garbage collector off, ending the server if its
+    launcher dies meanwhile; then freeze the heap and turn the collector back on.
 
     Once the preloads are done the server's own loop notices the launcher's exit (its alive pipe closes), but
     importing torch takes seconds (far longer on a busy machine): a launcher killed in that window would leave
@@ -42,6 +43,10 @@ def preload() -> None:
     # preloads that would end it mid-import (a 40-line traceback in the cell, and an EOFError at the next launch).
     # multiprocessing's own loop ignores SIGINT too, but only once the preloads are done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The imports create hundreds of thousands of long-lived objects, and each collection they trigger walks those
+    # made so far: a part of the server's time, which the first launch waits for (docs/benchmarks.md, issue 62).
+    # Nothing is collected until the heap is frozen; the ranks it forks collect as usual (boot.rank_main).
+    gc.disable()
     stop = threading.Event()
     watch = threading.Thread(target=_watch, args=(os.getppid(), stop), name="ddp_helpers-server-watch", daemon=True)
     watch.start()
@@ -51,8 +56,10 @@ def preload() -> None:
     finally:
         stop.set()
         watch.join()
-    gc.collect()
-    gc.freeze()
+        # Frozen as it is, the imports' few garbage objects included: collecting them first would walk every
+        # object once more, and a rank never collects what it inherits anyway (boot.rank_main freezes it).
+        gc.freeze()
+        gc.enable()  # also after a failed import (multiprocessing's server goes on without that preload)
     # The orphans of a rank's children (the rank killed before it could collect them) come to this server, whose
     # loop reaps every child as it exits: their pids leave a pids cgroup then, not when PID 1 gets round to them.
     # Not inherited by the ranks it forks. The loop warns of each child it didn't fork: these are expected.

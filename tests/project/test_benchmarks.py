@@ -276,3 +276,36 @@ def test_launch_overhead_refuses_bad_counts(monkeypatch, capsys):
 def test_kernel_restart_refuses_bad_counts(monkeypatch, capsys):
     code, _, err = _in_process("kernel_restart.py", ["--rounds", "0"], monkeypatch, capsys)
     assert code == 2 and "--rounds" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "0"], "--rounds and --warm-calls must be at least 1"),
+    (["--warm-calls", "0"], "--rounds and --warm-calls must be at least 1"),
+    (["--contenders", "ddp_helpers,keras"], "--contenders: unknown keras"),
+    (["--also-tree", "/nonexistent-tree"], "--also-tree /nonexistent-tree: no ddp_helpers package in it"),
+])
+def test_first_call_peers_refuses_bad_settings(args, message, monkeypatch, capsys):
+    code, err = _refusal("first_call_peers.py", args, monkeypatch, capsys)
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.slow
+def test_first_call_peers_times_each_phase_in_a_real_kernel():
+    # ddp_helpers alone, one round, as a process of its own (the script imports no torch; its kernel, the kernel's
+    # forkserver and the ranks must all be gone when it ends). A peer this interpreter can't import is named and
+    # left out, not a failure.
+    out = _bench("first_call_peers.py", "--rounds", "1", "--warm-calls", "1", "--markdown",
+                 "--contenders", "ddp_helpers,accelerate", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    if importlib.util.find_spec("accelerate") is None:
+        assert "accelerate: left out" in out.stdout, out.stdout
+    rows = _table(out.stdout)
+    kernel, setup, first, both, warm = (float(x) for x in rows["ddp_helpers"])
+    assert 0 < kernel and 0 < setup and 0 < first and 0 < warm and abs(setup + first - both) < 0.011, rows
+    phases = {k: float(v[0]) for k, v in rows.items() if k.startswith(("set-up cell:", "server", "first call:"))}
+    # The server starts during the set-up cell and has preloaded by the end of the first call's wait; the call's
+    # parts fit in the call as the client timed it.
+    assert 0 <= phases["server started (from the set-up's start)"] < phases["server's preloads done (idem)"], phases
+    assert 0 < phases["server's CPU time by then"], phases
+    assert 0 <= phases["first call: waiting for the server"] <= phases["first call: start-up (the wait included)"]
+    assert phases["first call: start-up (the wait included)"] + phases["first call: loop"] < first, phases

@@ -86,3 +86,32 @@ def test_warm_up_at_a_scripts_top_level_is_harmless(tmp_path, method):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=180,
                           env={**os.environ, "PYTHONPATH": ROOT, "DDP_HELPERS_PROGRESS": "0"})
     assert without_torch_note(done.stdout).strip() == "[0, 1]", done.stdout + done.stderr[-3000:]
+
+
+PRELOAD_GC = textwrap.dedent("""
+    import gc, json, os, sys
+    from ddp_helpers.ranks import server_preload
+    server_preload.MODULES = ()  # torch's imports left out: what is checked is the collector around them
+    os.environ[server_preload.EXTRA_ENV] = sys.argv[1]
+    try:
+        server_preload.preload()
+        failed = None
+    except ImportError as e:
+        failed = type(e).__name__
+    import gc_probe
+    print(json.dumps({"during": gc_probe.ENABLED, "after": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                      "failed": failed}))
+""")
+
+
+@pytest.mark.parametrize("extra, failed", [("gc_probe", None), ("gc_probe,no_such_module_here", "ModuleNotFoundError")])
+def test_the_server_imports_with_the_collector_off_and_turns_it_back_on(tmp_path, extra, failed):
+    """Collections during the preload's imports walk every object made so far (a part of the first launch's wait):
+    the collector is off while they run, and on again with the heap frozen, after a failed import too."""
+    (tmp_path / "gc_probe.py").write_text("import gc\nENABLED = gc.isenabled()\nKEEP = [[i] for i in range(1000)]\n")
+    out = subprocess.run([sys.executable, "-c", PRELOAD_GC, extra], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert got["during"] is False and got["after"] is True and got["failed"] == failed, got
+    assert got["frozen"] > 1000, got  # the probe's objects (and all before them) moved out of the collector's view
