@@ -26,6 +26,8 @@ from .outputs import say
 PARTIAL = "partial_result.json"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MERGE_WAIT_S = 10.0  # at most this long for another node's writer to finish merging (then write unmerged)
+LEAVING_IMPORTS = ("..engine.partials", "..engine.result", "..engine.telemetry", "..ranks.reports", "..ranks.starting",
+                   "..ranks.folders")
 STUCK_S = 0.5  # a SIGTERM the main thread hasn't begun handling after this long is handled by the watch thread
 
 
@@ -166,6 +168,12 @@ class Leaver:
 
     def install(self) -> None:
         """Handle SIGTERM from now on, unless it is ignored; a handler already there (submitit's) is chained."""
+        # What leaving imports, imported now: a SIGTERM handled while the main thread is halfway through importing
+        # one of them (the rank's start-up imports the engine) would find it partly initialized and lose the partial.
+        import importlib
+
+        for name in LEAVING_IMPORTS:
+            importlib.import_module(name, __package__)
         try:
             current = signal.getsignal(signal.SIGTERM)
             if current != signal.SIG_IGN:

@@ -85,7 +85,12 @@ def run_training(cfg: Optional[TrainConfig] = None, progress: Optional[bool] = N
     print (torch's warnings), prefixed "[rank r] " as launch() shows a function's; by default the engine's ranks,
     which run only the package's code, stay silent, and a failure shows the failed rank's last lines.
     """
-    return run_checked(cfg, None, progress, start_method, on_progress, rank_output, overrides)
+    try:  # here too: a Ctrl-C on run_checked's own first line is not bare
+        return run_checked(cfg, None, progress, start_method, on_progress, rank_output, overrides)
+    except KeyboardInterrupt as e:
+        if isinstance(e, LaunchInterrupted):
+            raise
+        raise _not_begun() from None
 
 
 def run_checked(cfg: Optional[TrainConfig], sizes: Optional[RankSizes], progress: Optional[bool] = None,
@@ -99,9 +104,13 @@ def run_checked(cfg: Optional[TrainConfig], sizes: Optional[RankSizes], progress
     except KeyboardInterrupt as e:
         if isinstance(e, LaunchInterrupted):
             raise
-        # Before the run folder existed (the settings' checks, the data's loading): no rank started, none recorded.
-        raise LaunchInterrupted("training stopped before it began: no rank had started and no step was recorded "
-                                "(.partial_result is None)") from None
+        raise _not_begun() from None
+
+
+def _not_begun() -> LaunchInterrupted:
+    """Ctrl-C before the run folder existed (the settings' checks, the data's loading): no rank started."""
+    return LaunchInterrupted("training stopped before it began: no rank had started and no step was recorded "
+                             "(.partial_result is None)")
 
 
 def _run_training(cfg: TrainConfig, sizes: Optional[RankSizes], progress: Optional[bool], start_method: str,
