@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import atexit
 import socket
 
 import psutil
@@ -17,6 +18,7 @@ _taken = socket.socket()
 _taken.bind(("127.0.0.1", 0))
 _taken.listen(1)
 TAKEN_PORT = _taken.getsockname()[1]
+atexit.register(_taken.close)  # held for the whole session (the ids use it), closed at its end
 
 BAD = [
     ("world_size", dict(world_size=0)),

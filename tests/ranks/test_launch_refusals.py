@@ -3,6 +3,7 @@ unknown start method, fork after CUDA, a program read from stdin; a script witho
 from __future__ import annotations
 
 import os
+import atexit
 import socket
 import re
 import subprocess
@@ -20,6 +21,7 @@ _taken = socket.socket()
 _taken.bind(("127.0.0.1", 0))
 _taken.listen(1)
 TAKEN_PORT = _taken.getsockname()[1]
+atexit.register(_taken.close)  # held for the whole session (the ids use it), closed at its end
 
 
 def _hello(rank, world_size):
