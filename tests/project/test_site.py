@@ -7,6 +7,7 @@ nothing from outside the site and clips no code line (the screenshot goes to $DD
 """
 from __future__ import annotations
 
+import contextlib
 import html.parser
 import os
 import re
@@ -230,6 +231,28 @@ def test_widget_outputs_are_drawn_without_javascript(site):
         assert re.search(r'<progress class="sw-progress"[^>]*max="\d+(\.\d+)?" value="\d', text), page.name
 
 
+@contextlib.contextmanager
+def _offline_page(sync_api, width: int = 1280):
+    """(a Chromium page that loads the site's own files only, the other addresses it asked for), closed after."""
+    outside: List[str] = []
+
+    def only_files(route):  # offline: anything not from the site's own files is refused and recorded
+        if route.request.url.startswith(("file://", "data:")):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.route("**/*", only_files)
+            yield page, outside
+        finally:
+            browser.close()
+
+
 def _browser_modules():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (Debian package chromium; run .ci/install_browser.sh)")
@@ -256,35 +279,20 @@ def test_a_page_in_headless_chromium(site, capsys):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "site.png"
     page_path = _figure_page(site)
-    outside: List[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-
-            def only_files(route):  # offline: anything not from the site's own files is refused and recorded
-                if route.request.url.startswith(("file://", "data:")):
-                    route.continue_()
-                else:
-                    outside.append(route.request.url)
-                    route.abort()
-
-            page.route("**/*", only_files)
-            page.goto(page_path.as_uri(), wait_until="load")
-            images = page.eval_on_selector_all("div.cell_output img", "els => els.map(e => [e.naturalWidth, "
-                                               "e.naturalHeight, e.getBoundingClientRect().width])")
-            page.locator("div.cell_output img").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(shot))
-            clipped, overflowing = [], []
-            for width in (1280, 760):  # a laptop and a narrow window: long lines wrap in both
-                page.set_viewport_size({"width": width, "height": 900})
-                clipped += page.eval_on_selector_all(
-                    "pre", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
-                           ".map(e => e.textContent.slice(0, 80))")
-                if page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1"):
-                    overflowing.append(width)
-        finally:
-            browser.close()
+    with _offline_page(sync_api) as (page, outside):
+        page.goto(page_path.as_uri(), wait_until="load")
+        images = page.eval_on_selector_all("div.cell_output img", "els => els.map(e => [e.naturalWidth, "
+                                           "e.naturalHeight, e.getBoundingClientRect().width])")
+        page.locator("div.cell_output img").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(shot))
+        clipped, overflowing = [], []
+        for width in (1280, 760):  # a laptop and a narrow window: long lines wrap in both
+            page.set_viewport_size({"width": width, "height": 900})
+            clipped += page.eval_on_selector_all(
+                "pre", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
+                       ".map(e => e.textContent.slice(0, 80))")
+            if page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1"):
+                overflowing.append(width)
     assert not outside, f"the page asked the network for {outside}"
     assert images and all(w > 100 and h > 100 and shown > 100 for w, h, shown in images), images
     assert not clipped, f"code or output lines cut off: {clipped}"
@@ -372,30 +380,24 @@ def test_every_page_at_desktop_and_phone_width(site):
     order = _reading_order(site)
     problems: List[str] = []
     measured: Dict[Tuple[str, int], dict] = {}
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page()
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file://", "data:"))
-                       else (problems.append(f"network: {route.request.url}"), route.abort()))
-            for width in (1400, 390):
-                page.set_viewport_size({"width": width, "height": 900})
-                for name in order:
-                    page.goto((site / f"{name}.html").as_uri(), wait_until="load")
-                    page.wait_for_function("document.querySelectorAll('div.cell_output img').length === 0 || "
-                                           "[...document.querySelectorAll('div.cell_output img')].every(i => i.complete)")
-                    measured[name, width] = m = page.evaluate(LAYOUT)
-                    if name == "notebooks/04_two_process_mnist" and width == 1400:
-                        m["scrolled"] = page.evaluate(SIDEBAR_AFTER_SCROLL)
-                    if name == "notebooks/04_two_process_mnist" and width == 390 and m["drawer"]:  # it opens
-                        page.locator(".primary-toggle:visible").first.click()
-                        drawer = page.locator("#pst-primary-sidebar-modal[open] a[href='05_beyond_the_basics.html']")
-                        try:
-                            drawer.first.wait_for(state="visible", timeout=5000)
-                        except sync_api.TimeoutError:
-                            problems.append("at 390 px the sidebar button does not open the table of contents")
-        finally:
-            browser.close()
+    with _offline_page(sync_api) as (page, outside):
+        for width in (1400, 390):
+            page.set_viewport_size({"width": width, "height": 900})
+            for name in order:
+                page.goto((site / f"{name}.html").as_uri(), wait_until="load")
+                page.wait_for_function("document.querySelectorAll('div.cell_output img').length === 0 || "
+                                       "[...document.querySelectorAll('div.cell_output img')].every(i => i.complete)")
+                measured[name, width] = m = page.evaluate(LAYOUT)
+                if name == "notebooks/04_two_process_mnist" and width == 1400:
+                    m["scrolled"] = page.evaluate(SIDEBAR_AFTER_SCROLL)
+                if name == "notebooks/04_two_process_mnist" and width == 390 and m["drawer"]:  # it opens
+                    page.locator(".primary-toggle:visible").first.click()
+                    drawer = page.locator("#pst-primary-sidebar-modal[open] a[href='05_beyond_the_basics.html']")
+                    try:
+                        drawer.first.wait_for(state="visible", timeout=5000)
+                    except sync_api.TimeoutError:
+                        problems.append("at 390 px the sidebar button does not open the table of contents")
+    problems += [f"network: {url}" for url in outside]
     for (name, width), m in measured.items():
         where = f"{name} at {width} px"
         if m["page"] > m["vw"] + 1:
@@ -519,26 +521,19 @@ def test_axe_finds_no_critical_or_serious_node_in_the_projects_own_markup(site, 
     theirs: Dict[str, int] = {}
     empty: List[str] = []
     pages = sorted(site.rglob("*.html"))
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file://", "data:"))
-                       else route.abort())
-            for path in pages:
-                page.goto(path.as_uri(), wait_until="load")
-                page.add_script_tag(path=str(AXE))
-                result = page.evaluate(AXE_RUN)
-                name = path.relative_to(site).as_posix()
-                for node in result["found"]:
-                    if node["own"]:
-                        own.append(f"{name}: {node['impact']} {node['rule']} at {node['target']}: {node['html']}")
-                    else:
-                        rule = f"{node['impact']} {node['rule']}"
-                        theirs[rule] = theirs.get(rule, 0) + 1
-                empty += [f"{name}: {th}" for th in result["emptyHeaders"]]
-        finally:
-            browser.close()
+    with _offline_page(sync_api, 1400) as (page, _):
+        for path in pages:
+            page.goto(path.as_uri(), wait_until="load")
+            page.add_script_tag(path=str(AXE))
+            result = page.evaluate(AXE_RUN)
+            name = path.relative_to(site).as_posix()
+            for node in result["found"]:
+                if node["own"]:
+                    own.append(f"{name}: {node['impact']} {node['rule']} at {node['target']}: {node['html']}")
+                else:
+                    rule = f"{node['impact']} {node['rule']}"
+                    theirs[rule] = theirs.get(rule, 0) + 1
+            empty += [f"{name}: {th}" for th in result["emptyHeaders"]]
     with capsys.disabled():
         print(f"\naxe-core on {len(pages)} pages: {len(own)} critical or serious nodes of the project's own, "
               f"the theme's: {theirs or 'none'}")
@@ -573,26 +568,19 @@ def test_a_figure_opens_at_full_size_from_the_keyboard(site):
     link: Tab reaches it, and Enter opens the image itself in a new page."""
     sync_api = _browser_modules()
     page_path = _figure_page(site)
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file://", "data:"))
-                       else route.abort())
-            page.goto(page_path.as_uri(), wait_until="load")
-            links = page.eval_on_selector_all("div.cell_output img", "els => els.map(e => !!e.closest('a[href]'))")
-            assert links and all(links), f"figures that are not links: {links.count(False)} of {len(links)}"
-            for _ in range(400):  # Tab through the page until a figure's link has the focus
-                page.keyboard.press("Tab")
-                if page.evaluate("!!document.activeElement.closest('a.figure-zoom')"):
-                    break
-            else:
-                pytest.fail("Tab never reached a figure")
-            src = page.evaluate("document.activeElement.querySelector('img').src")
-            with page.expect_popup() as opened:
-                page.keyboard.press("Enter")
-            popup = opened.value
-            popup.wait_for_load_state()
-            assert popup.url == src, (popup.url, src)
-        finally:
-            browser.close()
+    with _offline_page(sync_api) as (page, _):
+        page.goto(page_path.as_uri(), wait_until="load")
+        links = page.eval_on_selector_all("div.cell_output img", "els => els.map(e => !!e.closest('a[href]'))")
+        assert links and all(links), f"figures that are not links: {links.count(False)} of {len(links)}"
+        for _ in range(400):  # Tab through the page until a figure's link has the focus
+            page.keyboard.press("Tab")
+            if page.evaluate("!!document.activeElement.closest('a.figure-zoom')"):
+                break
+        else:
+            pytest.fail("Tab never reached a figure")
+        src = page.evaluate("document.activeElement.querySelector('img').src")
+        with page.expect_popup() as opened:
+            page.keyboard.press("Enter")
+        popup = opened.value
+        popup.wait_for_load_state()
+        assert popup.url == src, (popup.url, src)
