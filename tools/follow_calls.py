@@ -2,7 +2,8 @@
 
     python tools/follow_calls.py [--depth N] [--path]
 
-A warm call (a first one starts the forkserver) is traced in this process with `sys.setprofile`: every function of
+A warm call (a first one starts the forkserver) is traced in this process with `sys.setprofile`, its `cfg` made
+before the trace as the call's name says (`--with-config` traces `TrainConfig(...)` too): every function of
 `ddp_helpers` the launching process enters, each counted the first time only, in the order the call reaches it.
 A *room* is a module; a *stop* is each move into a room while following that order (several functions read in a
 row in one module are one stop); a *return* is a stop in a room already left. `--depth N` keeps the functions at
@@ -60,12 +61,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--depth", type=int, default=10**6, help="follow at most this many calls deep (default: all)")
     p.add_argument("--path", action="store_true", help="print every stop with the functions read there")
+    p.add_argument("--with-config", action="store_true", help="trace the TrainConfig(...) that makes cfg too")
     args = p.parse_args()
     import ddp_helpers
     from ddp_helpers import TrainConfig, run_training
 
+    cfg = TrainConfig(dataset="mnist-5k")
+
     def one_call():
-        return run_training(TrainConfig(dataset="mnist-5k"), progress=False)
+        return run_training(TrainConfig(dataset="mnist-5k") if args.with_config else cfg, progress=False)
 
     one_call()  # the first call starts the forkserver: follow a warm one, the path every later call takes
     path = stops(trace(one_call, os.path.dirname(ddp_helpers.__file__)), args.depth)
