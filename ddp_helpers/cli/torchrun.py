@@ -1,5 +1,6 @@
 """One rank of a torchrun job (`torchrun ... -m ddp_helpers.train`): entered as every rank is (ranks.rank.run_rank),
-and leaving its outcome and its rows the way a launched rank does, in a run folder (ranks/folders.py).
+its error in elastic's error file written whole or not at all (record_atomically), and leaving its outcome and its
+rows the way a launched rank does, in a run folder (ranks/folders.py).
 
 The run folder is on the rank's machine, in the temp dir, shared by the job's ranks there. Rank 0 reads the rows
 of the ranks it can see there; only the others' travel over the process group. A rank that fails, or that
@@ -11,13 +12,16 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, TypeVar
+
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from ..common.errors import setting
 from ..engine.config import ConfigError, TrainConfig
 from .leaving import PARTIAL, Leaver, hold_alive, partial_name, remove_if_last, wait_for_peer_rows  # noqa: F401
 from .nodes import attempt_counts, attempt_label, gather_places, job_key, node_line, provenance
 from .outputs import say, write_outputs
+from ..ranks.reports import error_text
 
 
 def run_folder(master_addr: str, master_port: int) -> str:
@@ -209,3 +213,47 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] =
         raise
     finally:
         remove_if_last(run_dir)
+
+
+# --- torchrun's error file, written whole or not at all ---
+# Under torchrun each rank's top-level function is wrapped in elastic's ``@record``, which writes the rank's
+# traceback as JSON to ``TORCHELASTIC_ERROR_FILE`` so the agent can name the root cause. torch writes it in place
+# (``ErrorHandler.record_exception``: ``open(file, "w")`` then ``json.dump``). When one rank fails, the agent
+# terminates the others (``SubprocessContext._poll``: ``close()``) and then reads every failed rank's error file
+# (``_capture_process_failures`` -> ``ProcessFailure.__post_init__``: ``json.load``). A rank that was writing its
+# own error file (a peer's failure reached it in a collective) when SIGTERM came leaves an empty or cut file, and
+# the agent itself dies of a JSONDecodeError instead of restarting the workers. Here the file appears by rename.
+
+F = TypeVar("F", bound=Callable)
+_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+class AtomicErrorHandler(ErrorHandler):
+    """torch's error handler, writing its JSON beside the error file and renaming it into place."""
+
+    def record_exception(self, e: BaseException) -> None:
+        try:
+            str(e)
+        except Exception:  # noqa: BLE001 - torch formats f"{type(e).__name__}: {e}", which would raise here
+            e = _stand_in(e)
+        file = os.environ.get(_ENV)
+        if not file:
+            return super().record_exception(e)  # no file: torch logs what it would have written
+        partial = f"{file}.{os.getpid()}.partial"
+        os.environ[_ENV] = partial  # torch's own format, written to the side
+        try:
+            super().record_exception(e)
+        finally:
+            os.environ[_ENV] = file
+        os.replace(partial, file)  # atomic: the agent reads nothing or all of it
+
+
+def _stand_in(e: BaseException) -> BaseException:
+    """An error of the same type name whose str() is what of `e` can be rendered (error_text)."""
+    name = type(e).__name__
+    return type(name, (Exception,), {})(error_text(e)[len(name) + 2:])
+
+
+def record_atomically(fn: F) -> F:
+    """elastic's ``@record`` with an error file that is never seen half-written."""
+    return record(fn, error_handler=AtomicErrorHandler())

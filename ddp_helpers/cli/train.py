@@ -141,8 +141,7 @@ def _train(cfg: TrainConfig, sizes: Any, args: argparse.Namespace) -> Optional[o
     from ..ranks.env import under_torchrun
 
     if under_torchrun():
-        from ..ranks.rank import record_atomically
-        from .torchrun import run_torchrun
+        from .torchrun import record_atomically, run_torchrun
 
         # elastic's @record: an error leaves torchrun's error file, so the agent names this rank's traceback
         # as root cause (written by rename: the agent may SIGTERM this rank while it writes)

@@ -2,7 +2,6 @@
 
 Ranks that torchrun starts (python -m ddp_helpers.train) and ranks that launch() starts both call run_rank;
 they differ only in who started the process; both leave their outcome in the run folder (ranks/folders.py).
-Under torchrun a rank's error also goes to elastic's error file, written whole or not at all (record_atomically).
 """
 from __future__ import annotations
 
@@ -12,18 +11,17 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from .env import RankEnv, RankSpec, adopt_scheduler_env, gate_agent_store_flag, rank_env
 from .folders import log_path
 from .cores import bind_this_thread, binding_plan
 from .ending import end_descendants
 from .output_log import capture_output, output_to_pipe
-from .reports import error_report, error_text, value_report, write_report
+from .reports import error_report, value_report, write_report
 
 
 SETUP_GRACE_S = 5.0  # past timeout_s, before a rank stuck in set-up gives up on its own
@@ -179,47 +177,3 @@ def rank_entry(rank: int, spec: RankSpec, payload: Any, log_pipe: Any = None) ->
     # Skip interpreter teardown: the result is already reported, torch's teardown takes long, and a broken
     # process group can hang in destructors.
     os._exit(code)
-
-
-# --- torchrun's error file, written whole or not at all ---
-# Under torchrun each rank's top-level function is wrapped in elastic's ``@record``, which writes the rank's
-# traceback as JSON to ``TORCHELASTIC_ERROR_FILE`` so the agent can name the root cause. torch writes it in place
-# (``ErrorHandler.record_exception``: ``open(file, "w")`` then ``json.dump``). When one rank fails, the agent
-# terminates the others (``SubprocessContext._poll``: ``close()``) and then reads every failed rank's error file
-# (``_capture_process_failures`` -> ``ProcessFailure.__post_init__``: ``json.load``). A rank that was writing its
-# own error file (a peer's failure reached it in a collective) when SIGTERM came leaves an empty or cut file, and
-# the agent itself dies of a JSONDecodeError instead of restarting the workers. Here the file appears by rename.
-
-F = TypeVar("F", bound=Callable)
-_ENV = "TORCHELASTIC_ERROR_FILE"
-
-
-class AtomicErrorHandler(ErrorHandler):
-    """torch's error handler, writing its JSON beside the error file and renaming it into place."""
-
-    def record_exception(self, e: BaseException) -> None:
-        try:
-            str(e)
-        except Exception:  # noqa: BLE001 - torch formats f"{type(e).__name__}: {e}", which would raise here
-            e = _stand_in(e)
-        file = os.environ.get(_ENV)
-        if not file:
-            return super().record_exception(e)  # no file: torch logs what it would have written
-        partial = f"{file}.{os.getpid()}.partial"
-        os.environ[_ENV] = partial  # torch's own format, written to the side
-        try:
-            super().record_exception(e)
-        finally:
-            os.environ[_ENV] = file
-        os.replace(partial, file)  # atomic: the agent reads nothing or all of it
-
-
-def _stand_in(e: BaseException) -> BaseException:
-    """An error of the same type name whose str() is what of `e` can be rendered (error_text)."""
-    name = type(e).__name__
-    return type(name, (Exception,), {})(error_text(e)[len(name) + 2:])
-
-
-def record_atomically(fn: F) -> F:
-    """elastic's ``@record`` with an error file that is never seen half-written."""
-    return record(fn, error_handler=AtomicErrorHandler())

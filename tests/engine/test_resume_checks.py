@@ -160,6 +160,7 @@ def test_a_torchrun_rank_names_a_resume_with_other_settings_by_its_flag(tmp_path
     """One rank of a torchrun job (its variables set here; every rank checks for itself, before its process
     group) refuses in the words of the command line. A real torchrun job refusing a resume, each rank saying so
     in one line: test_torchrun_unreadable_checkpoint_is_named_by_every_rank."""
+    import ddp_helpers.cli.torchrun
     import ddp_helpers.ranks.rank
     from ddp_helpers.cli.train import main
 
@@ -169,7 +170,7 @@ def test_a_torchrun_rank_names_a_resume_with_other_settings_by_its_flag(tmp_path
     for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT="29500").items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(ddp_helpers.ranks.rank, "record_atomically", lambda fn: fn)  # elastic's @record
+    monkeypatch.setattr(ddp_helpers.cli.torchrun, "record_atomically", lambda fn: fn)  # elastic's @record
     monkeypatch.setattr(ddp_helpers.ranks.rank, "run_rank", lambda *a, **k: pytest.fail("the rank went on"))
     flags = ["--dataset", "mnist-5k", "--threads-per-rank", "1", "--no-plots", "--momentum", "0.9",
              "--resume-from", ckpt, "--out", str(tmp_path / "out")]

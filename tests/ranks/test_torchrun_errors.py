@@ -7,7 +7,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
 from torch.distributed.elastic.multiprocessing.errors import error_handler as torch_handler
 
-from ddp_helpers.ranks.rank import AtomicErrorHandler, record_atomically
+from ddp_helpers.cli.torchrun import AtomicErrorHandler, record_atomically
 
 
 class Killed(BaseException):

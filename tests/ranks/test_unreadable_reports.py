@@ -53,7 +53,7 @@ def test_an_error_whose_str_raises_is_named_by_its_type():
 
 def test_torchruns_error_file_names_an_unprintable_error(tmp_path, monkeypatch):
     """Under torchrun, elastic's @record formats f"{type(e).__name__}: {e}" itself: the handler keeps it whole."""
-    from ddp_helpers.ranks.rank import AtomicErrorHandler
+    from ddp_helpers.cli.torchrun import AtomicErrorHandler
 
     file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
