@@ -164,7 +164,7 @@ def test_each_rule_is_called_from_one_checker(name, where):
 @pytest.mark.parametrize("words", [
     "ranks per usable core", "nccl needs CUDA GPUs and none is visible", "None (bind when possible) or False here",
     "a resolvable host such as", "is not available on", "check_readable_file(\"resume_from\"",
-    "check_writable_dir(\"checkpoint_dir\"", "processes and threads, and only",
+    "check_writable_dir(\"checkpoint_dir\"", "processes and threads, and only", "bytes of telemetry",
 ])
 def test_a_refusal_is_written_in_one_module(words):
     holding = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if words in p.read_text()]
