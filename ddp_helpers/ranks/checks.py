@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
