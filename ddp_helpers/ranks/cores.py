@@ -1,8 +1,8 @@
 """This machine's room for ranks: the usable cores, the container's CPU quota and the budget they leave, the
 processes it may still start (RLIMIT_NPROC, the cgroup's pids.max) and those a launch ended still leaving; the
 cgroup tree read by one walk (v2 and v1); the core-binding plan, and binding a thread to its cores (or undoing an
-inherited binding). Probes only: ranks/checks.py refuses what they can't hold. Standard library only (psutil only
-where a process limit is set)."""
+inherited binding). Probes only: ranks/checks.py refuses what they can't hold, judging one reading of them
+(machine_room). Standard library only (psutil only where a process limit is set)."""
 from __future__ import annotations
 
 import math
