@@ -9,10 +9,10 @@ import sys
 import tempfile
 from typing import Any, List, Optional, Tuple
 
-from ..common.errors import setting
 from ..common.files import atomic_write
 from ..data.catalog import MAX_TRAIN, steps_per_epoch  # the same step count the run's plan will use
-from ..engine.config import TrainConfig
+from ..engine.config import MAX_TABLE_BYTES, TrainConfig
+
 PLOT_NAMES = ("loss.png", "grad_norms.png", "fingerprints.png")
 # The listing's model, Flatten -> Linear(784, 10): weights and biases. A count, not the model, so that --out is
 # sized before torch is imported (test_outputs checks it against engine.model.build_model).
@@ -45,26 +45,14 @@ def estimate_bytes(cfg: TrainConfig) -> Tuple[int, int]:
 
 
 def _steps(cfg: TrainConfig) -> int:
-    """Optimizer steps the run makes at most (its data set's largest size)."""
+    """Optimizer steps a run of cfg records at most: its data set's largest size (mnist's is known only once it is
+    loaded: offline it falls back to mnist-5k), and no more than a rank's tables hold, MAX_TABLE_BYTES of them at 4
+    bytes a sample index (engine/telemetry.py refuses a larger run, once its size is known, before it starts: a
+    run too large to record writes nothing here)."""
     per_epoch = -(-steps_per_epoch(MAX_TRAIN.get(cfg.dataset, 60000), cfg.world_size, cfg.batch_size,
                                    cfg.pipeline) // cfg.accumulation_steps)
-    return min(cfg.epochs * per_epoch, cfg.max_steps or cfg.epochs * per_epoch)
-
-
-def check_telemetry(cfg: TrainConfig) -> None:
-    """Refuse a run whose ranks' telemetry tables would be too large (engine/job.py checks the same numbers
-    once the data set is loaded); no torch needed."""
-    from ..engine.config import MAX_TABLE_BYTES, ConfigError
-
-    per_rank = _steps(cfg) * (cfg.batch_size * cfg.accumulation_steps * 4 + 8 * 8)
-    if per_rank > MAX_TABLE_BYTES:
-        raise ConfigError(
-            f"{setting('batch_size', cfg.batch_size, owner='TrainConfig')} is not accepted with "
-            f"{setting('accumulation_steps', cfg.accumulation_steps)}, {setting('epochs', cfg.epochs)}, "
-            f"{setting('max_steps', cfg.max_steps)}: each rank would record about {per_rank:,} bytes of telemetry "
-            f"({_steps(cfg)} steps x {cfg.batch_size * cfg.accumulation_steps} sample indices), over the "
-            f"{MAX_TABLE_BYTES:,} allowed; set {setting('max_steps')}, fewer epochs or a smaller batch, or "
-            f"{setting('telemetry', False)}")
+    steps = min(cfg.epochs * per_epoch, cfg.max_steps or cfg.epochs * per_epoch)
+    return min(steps, MAX_TABLE_BYTES // (4 * cfg.batch_size * cfg.accumulation_steps))
 
 
 def check_room(out: str, cfg: TrainConfig, plots: bool) -> None:

@@ -111,29 +111,32 @@ def _start_forkserver_early(start_method: str) -> None:
         warm_up()
 
 
-def _check_flags(args: argparse.Namespace) -> Tuple[TrainConfig, Any]:
-    """The flags' values, the run's size, paths and room, before the modules that import torch (seconds) could say
-    it; the settings and the ranks' sizes (engine.config.check_before_torch's, not made again). An --out this made
-    and then refused is removed again."""
+def _check_flags(args: argparse.Namespace, existed: bool) -> Tuple[TrainConfig, Any]:
+    """The flags' values, the ranks' sizes, paths and room, before the modules that import torch (seconds) could
+    say it; the settings and the ranks' sizes (engine.config.check_before_torch's, not made again). An --out this
+    made (existed: it was there before) and then refused is removed again. The run's telemetry size is checked
+    once, by the engine, when the data set's size is known (engine/telemetry.py): mnist's is known once loaded."""
     from ..engine.config import check_before_torch
     from ..ranks.env import under_torchrun
-    from .outputs import check_telemetry
 
     cfg = config_from_args(args)  # the flags' values: TrainConfig checks them as it is made
     # before the forkserver starts (main: _start_forkserver_early); under torchrun, this node's ranks
     sizes = check_before_torch(cfg, int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if under_torchrun() else None)
-    check_telemetry(cfg)  # a run too large to record is named as such, not as a lack of room in --out
-    out = os.path.expanduser(args.out)
-    existed = os.path.exists(out)
     try:
         _check_paths(args)
         if _writes_results():
             _check_room(args.out, cfg, not args.no_plots)  # before anything trains: results that can't be written
     except BaseException:
-        if not existed and os.path.isdir(out) and not os.listdir(out):
-            os.rmdir(out)
+        _remove_if_made(args.out, existed)
         raise
     return cfg, sizes
+
+
+def _remove_if_made(out: str, existed: bool) -> None:
+    """A refused run leaves no --out behind: remove it if this run made it and nothing was written there."""
+    out = os.path.expanduser(out)
+    if not existed and os.path.isdir(out) and not os.listdir(out):
+        os.rmdir(out)
 
 
 def _train(cfg: TrainConfig, sizes: Any, args: argparse.Namespace) -> Optional[object]:
@@ -184,8 +187,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         say(f"error: {e}")
         return 2
+    existed = os.path.exists(os.path.expanduser(args.out))
     try:
-        cfg, sizes = _check_flags(args)
+        cfg, sizes = _check_flags(args, existed)
     except ConfigError as e:
         say(f"error: {for_flags(e)}")
         return 2
@@ -197,7 +201,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         result = _train(cfg, sizes, args)
-    except (ConfigError, DataError, LaunchError) as e:
+    except (ConfigError, DataError, LaunchError) as e:  # refused before any rank started
+        _remove_if_made(args.out, existed)
         say(f"error: {for_flags(e)}")  # in the words of the command line: its flags
         return 2
     except OutputError as e:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Iterable, Iterator, List, Tuple, TypeVar
 
+from ..common.errors import setting
 from ..data.catalog import ceil_div, steps_per_epoch
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 
 T = TypeVar("T")
 
@@ -23,21 +24,21 @@ class StepPlan:
     end: int  # the step it stops before
     accumulation: int  # micro-batches per optimizer step
     epochs: int
+    n_steps: int  # optimizer steps this run makes: end - first
 
     @classmethod
     def for_run(cls, cfg: TrainConfig, n_train: int, world_size: int, start_step: int = 0) -> "StepPlan":
-        """The plan for cfg on n_train samples, resuming after start_step steps."""
+        """The plan for cfg on n_train samples, resuming after start_step steps; a resume that leaves no step to
+        make is refused (it would train 0 steps, silently)."""
         batches = steps_per_epoch(n_train, world_size, cfg.batch_size, cfg.pipeline)
         per_epoch = ceil_div(batches, cfg.accumulation_steps)
         end = cfg.epochs * per_epoch
         if cfg.max_steps is not None:
             end = min(end, cfg.max_steps)
-        return cls(per_epoch, start_step, max(end, start_step), cfg.accumulation_steps, cfg.epochs)
-
-    @property
-    def n_steps(self) -> int:
-        """Optimizer steps this run makes."""
-        return self.end - self.first
+        if cfg.resume_from is not None and end <= start_step:
+            raise nothing_left(cfg, start_step, end, per_epoch)
+        end = max(end, start_step)
+        return cls(per_epoch, start_step, end, cfg.accumulation_steps, cfg.epochs, end - start_step)
 
     def steps(self, epoch_batches: Callable[[int], Iterable[T]]) -> Iterator[Tuple[int, List[T]]]:
         """(global step, its micro-batches) for every step of the plan; epoch_batches(epoch) gives an epoch's."""
@@ -56,3 +57,13 @@ class StepPlan:
                     break
                 yield step, micro
                 step += 1
+
+
+def nothing_left(cfg: TrainConfig, first: int, end: int, per_epoch: int) -> ConfigError:
+    """The refusal of a resume whose run already ended at the checkpoint's step."""
+    return ConfigError(
+        f"{setting('resume_from', cfg.resume_from, owner='TrainConfig')} is not accepted with "
+        f"{setting('max_steps', cfg.max_steps)}, {setting('epochs', cfg.epochs)}: the checkpoint is at step "
+        f"{first} and this run ends at step {end} ({per_epoch} steps per epoch), so nothing is left to "
+        f"train; set {setting('max_steps')} above {first} (or more epochs), "
+        f"{setting('resume_from', None, lead='or ')} to start over")

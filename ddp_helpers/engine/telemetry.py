@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -17,10 +18,12 @@ import numpy as np
 import torch
 import xxhash
 
+from ..common.errors import setting
+from ..common.files import free_text
 from ..ranks.folders import rows_path
 from ..ranks.starting import peak_rss_bytes
 from ..ranks.rows import RowsReader, TableSpec, create_tables
-from .config import TrainConfig
+from .config import MAX_TABLE_BYTES, ConfigError, TrainConfig
 from .hooks import GradRecorder
 from .model import fingerprint
 
@@ -64,6 +67,44 @@ class TableShape:
     samples_per_step: int  # batch_size * accumulation_steps
     n_capture: int  # steps whose full gradients are kept
     n_params: int  # scalar parameters of the model
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, n_steps: int, n_params: int) -> "TableShape":
+        """The tables of a run of cfg making n_steps steps with a model of n_params parameters (on every rank)."""
+        return cls(max(n_steps, 1), cfg.batch_size * cfg.accumulation_steps, len(cfg.capture_grad_steps), n_params)
+
+    def check_fits(self, cfg: TrainConfig, folder: str) -> None:
+        """Refuse a run whose tables would not fit: over MAX_TABLE_BYTES a rank, or the room left in folder (the
+        temp dir the rows files go to). The one check of a run's telemetry size, made once the data set's size
+        is known (run_training's, the command line's and a torchrun rank's)."""
+        per_rank = self.nbytes()
+        if per_rank > MAX_TABLE_BYTES:
+            raise self._too_large(cfg, per_rank)
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            return
+        if per_rank * cfg.world_size > free:
+            raise self._no_room(cfg, per_rank, folder)
+
+    def _samples(self) -> str:
+        return (f"{self.max_steps} steps x {self.samples_per_step} sample indices ({setting('batch_size')} x "
+                f"{setting('accumulation_steps')})")
+
+    def _too_large(self, cfg: TrainConfig, per_rank: int) -> ConfigError:
+        return ConfigError(
+            f"{setting('batch_size', cfg.batch_size, owner='TrainConfig')} is not accepted with "
+            f"{setting('accumulation_steps', cfg.accumulation_steps)}, {setting('epochs', cfg.epochs)}, "
+            f"{setting('max_steps', cfg.max_steps)}: each rank would record {per_rank:,} bytes of telemetry "
+            f"({self._samples()}), over the {MAX_TABLE_BYTES:,} allowed; set {setting('max_steps')}, fewer epochs "
+            f"or a smaller batch, or {setting('telemetry', False)}")
+
+    def _no_room(self, cfg: TrainConfig, per_rank: int, folder: str) -> ConfigError:
+        return ConfigError(
+            f"{setting('world_size', cfg.world_size, owner='TrainConfig')} is not accepted here: the ranks' "
+            f"telemetry needs {per_rank * cfg.world_size:,} bytes in {folder} ({free_text(folder)}; "
+            f"{self._samples()} per rank); free some space there or point TMPDIR elsewhere, or set "
+            f"{setting('max_steps')}, fewer epochs or a smaller batch")
 
     def specs(self) -> Dict[str, TableSpec]:
         """The rows file's tables: name -> (dtype, shape, initial fill)."""

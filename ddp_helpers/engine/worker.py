@@ -22,11 +22,10 @@ from .config import TrainConfig
 from ..data import DataSplits, load_data, normalize
 from .faults import inject_fault
 from .hooks import attach_recorder
-from .job import table_shape
 from .model import build_model, build_optimizer, flat_params, n_params
 from .plan import StepPlan
 from .rng import seed_rank
-from .telemetry import RankTelemetry
+from .telemetry import RankTelemetry, TableShape
 
 
 def device_for(rank: int, backend: str) -> torch.device:
@@ -51,7 +50,7 @@ def train(rank: int, world_size: int, cfg: TrainConfig, backend: str, data: Opti
     # DDP broadcasts rank 0's parameters now and registers autograd hooks that all-reduce gradients in buckets.
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     plan = StepPlan.for_run(cfg, len(data.train_labels), world_size, start_step)
-    telemetry = RankTelemetry(run_dir, rank, table_shape(cfg, plan, n_params(model)), cfg, model,
+    telemetry = RankTelemetry(run_dir, rank, TableShape.for_run(cfg, plan.n_steps, n_params(model)), cfg, model,
                               attach_recorder(ddp, cfg.comm_hook, cfg.telemetry))
     batches = RankBatches(cfg, data, rank, world_size, device)  # this rank's shard, reshuffled every epoch
     freeze_heap()

@@ -14,8 +14,8 @@ import multiprocessing
 import os
 import socket
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Tuple
 
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
@@ -141,16 +141,11 @@ def check_run_dir(run_dir: Any) -> None:
 
 
 # ---------------------------------------------------------------- how many ranks, and threads each, fit here
-def usable_core_count() -> int:
-    """The cores this process may run on (its affinity mask)."""
-    return len(cores.usable_cores())
-
-
-def check_world_size(world_size: int, threads: Optional[int], owner: str = "TrainConfig",
-                     rooms: Optional[List[Tuple[int, str]]] = None) -> None:
-    """Refuse more ranks, or threads per rank, than this machine can run; the settings are named as their owner
-    spells them (TrainConfig.world_size=10, launch(world_size=10))."""
-    n_cores = usable_core_count()
+def check_world_size(world_size: int, threads: Optional[int], machine: cores.MachineRoom,
+                     owner: str = "TrainConfig") -> None:
+    """Refuse more ranks, or threads per rank, than this machine (its facts, read once) can run; the settings are
+    named as their owner spells them (TrainConfig.world_size=10, launch(world_size=10))."""
+    n_cores = len(machine.cores)
     most = min(MAX_WORLD_SIZE, MAX_RANKS_PER_CORE * n_cores)
     if world_size > most:
         why = (f"the stated maximum MAX_WORLD_SIZE={MAX_WORLD_SIZE}" if most == MAX_WORLD_SIZE else
@@ -162,8 +157,14 @@ def check_world_size(world_size: int, threads: Optional[int], owner: str = "Trai
                           "the usable cores (more threads than cores only wait for each other); use None (automatic: "
                           "cores // ranks) or fewer")
     need = world_size * ((threads or 1) + TASKS_PER_RANK)
-    short = [(room, what) for room, what in (cores.room_limits() if rooms is None else rooms) if need > room]
-    if short and rooms is None and cores.wait_for_leaving():  # what our last launches ended has left: look again
+    if any(need > room for room, _ in machine.rooms):
+        _refuse_room(world_size, need, machine.rooms, owner)
+
+
+def _refuse_room(world_size: int, need: int, rooms: Tuple[Tuple[int, str], ...], owner: str) -> None:
+    """The process limits' verdict, read again once what our last launches ended has left."""
+    short = [(room, what) for room, what in rooms if need > room]
+    if cores.wait_for_leaving():  # what our last launches ended has left: look again
         short = [(room, what) for room, what in cores.room_limits() if need > room]
     for room, what in short:
         left = cores.leaving()
@@ -180,6 +181,8 @@ def check_start_method(start_method: str) -> str:
     """Refuse a start method that can't work in this process; returns the one to use ('auto' resolved)."""
     if not isinstance(start_method, str) or start_method not in START_METHODS:
         raise refused("start_method", start_method, f"one of {START_METHODS}", owner="launch()")
+    if half_imported():  # fork's ranks would be copies of this torch, and the checks below (CUDA, GPUs) import it:
+        import_torch()  # one left half imported by an interrupt is named here, with the fix (a kernel restart)
     method = resolve_start_method(start_method)
     if method not in multiprocessing.get_all_start_methods():
         raise LaunchError(f"{setting('start_method', start_method)} is not available on {sys.platform}; use "
@@ -214,7 +217,7 @@ def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig") -
     """'auto' -> nccl when CUDA has at least world_size GPUs, else gloo; checks that nccl can place the ranks."""
     if backend == "gloo":
         return backend  # nothing to ask torch: a launcher without torch imported stays so
-    import torch
+    import torch  # importable: check_start_method named a half-imported one first
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
@@ -233,10 +236,10 @@ def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig") -
 
 
 def check_binding(world_size: int, threads: int, backend: str, bind_cores: Optional[bool],
-                  owner: str = "TrainConfig") -> None:
+                  owner: str = "TrainConfig", machine: Optional[cores.MachineRoom] = None) -> None:
     """Refuse bind_cores=True where the ranks can't each have cores of their own (the plan says why)."""
     try:
-        binding_plan(world_size, threads, backend, bind_cores)  # each rank makes the same plan for itself
+        binding_plan(world_size, threads, backend, bind_cores, machine)  # each rank makes the same plan for itself
     except ValueError as e:
         error = refused("bind_cores", bind_cores, f"None (bind when possible) or False here: {e}", owner)
         if owner != "launch()":
@@ -294,20 +297,23 @@ class RankSizes:
     world_size: int  # on this machine
     threads: int  # per rank, resolved (None asked: the usable cores, or the CPU quota, // ranks)
     owner: str  # who names the settings in an error: "TrainConfig" or "launch()"
+    machine: cores.MachineRoom = field(repr=False, compare=False)  # the facts they were checked against
 
     @classmethod
     def checked(cls, world_size: int, threads_per_rank: Optional[int], owner: str = "launch()",
                 room: bool = True) -> "RankSizes":
         """The sizes, refused (check_world_size) where this machine can't run them; room=False: the ranks run
         already (under torchrun), so the room left for processes no longer has to hold them."""
-        check_world_size(world_size, threads_per_rank, owner, rooms=None if room else [])
-        return cls(world_size, threads_per_rank or default_threads(world_size), owner)
+        machine = cores.machine_room(process_room=room)  # the machine's facts, read once for every check below
+        threads = threads_per_rank or default_threads(world_size, machine.budget)
+        check_world_size(world_size, threads_per_rank, machine, owner)
+        return cls(world_size, threads, owner, machine)
 
     def place(self, backend: str, bind_cores: Optional[bool], init_group: bool = True) -> str:
         """The backend resolved for these ranks (its GPUs counted) and their core binding checked; the backend."""
         backend = resolve_backend(backend, self.world_size, self.owner)
         if init_group:
-            check_binding(self.world_size, self.threads, backend, bind_cores, self.owner)
+            check_binding(self.world_size, self.threads, backend, bind_cores, self.owner, self.machine)
         return backend
 
 
@@ -341,15 +347,14 @@ class LaunchPlan:
                 port: int = 0, timeout_s: float = 60.0, bind_cores: Optional[bool] = None, init_group: bool = True,
                 names: Tuple[str, str] = ("host", "port"), **rest: Any) -> "LaunchPlan":
         """The plan for ranks of these sizes, refused before any process starts where this machine can't run it:
-        the start method, the backend and the binding (sizes.place), the address; rest: run_dir, on_poll, poll_s,
-        watch_shared, quiet, taken as given (run_training makes them, launch_plan checks launch()'s)."""
-        if half_imported():
-            import_torch()  # a torch left half imported by an interrupt is named here, with the fix (a kernel restart)
+        the start method (and this process's torch), the address, then the backend and the binding on the machine's
+        facts sizes was checked against (sizes.place); rest: run_dir, on_poll, poll_s, watch_shared, quiet, taken as
+        given (run_training makes them, launch_plan checks launch()'s)."""
         method = check_start_method(start_method)  # torch is imported only where the launch needs it (fork, GPUs)
-        backend = sizes.place(backend, bind_cores, init_group)
         check_address(host, port, owner=sizes.owner, names=names)
         for name in ("SERVER_EXIT_S", "SETTLE_S"):
             window_s(name)  # a bad DDP_HELPERS_ override is said now, not in the middle of a failure
+        backend = sizes.place(backend, bind_cores, init_group)
         rest = {"run_dir": None, "on_poll": None, "poll_s": 0.05, **rest}
         return cls(method, sizes.world_size, backend, host, port, timeout_s, sizes.threads, bind_cores, init_group,
                    **rest)

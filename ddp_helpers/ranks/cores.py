@@ -1,12 +1,13 @@
 """This machine's room for ranks: the usable cores, the container's CPU quota and the budget they leave, the
 processes it may still start (RLIMIT_NPROC, the cgroup's pids.max) and those a launch ended still leaving; the
 cgroup tree read by one walk (v2 and v1); the core-binding plan, and binding a thread to its cores (or undoing an
-inherited binding). Probes only: ranks/checks.py refuses what they can't hold. Standard library only (psutil only
-where a process limit is set)."""
+inherited binding). Probes only: ranks/checks.py refuses what they can't hold, judging one reading of them
+(machine_room). Standard library only (psutil only where a process limit is set)."""
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 try:
@@ -219,14 +220,34 @@ def wait_for_leaving(timeout_s: Optional[float] = None) -> bool:
 
 def cpu_budget() -> int:
     """Whole CPUs this process can keep busy: its usable cores, capped by its cgroup's CPU quota (at least 1)."""
-    cores = len(usable_cores())
-    quota = cpu_quota()
-    return cores if quota is None else max(1, min(cores, math.floor(quota + 1e-9)))
+    return _budget(len(usable_cores()), cpu_quota())
 
 
-def default_threads(world_size: int) -> int:
-    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores (or the CPU quota)."""
-    return max(1, cpu_budget() // world_size)
+def _budget(n_cores: int, quota: Optional[float]) -> int:
+    return n_cores if quota is None else max(1, min(n_cores, math.floor(quota + 1e-9)))
+
+
+@dataclass(frozen=True)
+class MachineRoom:
+    """This machine's facts a launch is checked against, read once: the usable cores, the whole CPUs they and the
+    CPU quota allow, and the room each process limit leaves (none read where the ranks already run)."""
+
+    cores: Tuple[int, ...]  # the affinity mask
+    budget: int  # cpu_budget(): the cores capped by the quota
+    rooms: Tuple[Tuple[int, str], ...]  # room_limits(): (tasks still allowed, its name and figures)
+
+
+def machine_room(process_room: bool = True) -> MachineRoom:
+    """The usable cores, the CPU budget and (process_room) every process limit's room: one read of each, one walk
+    of the cgroup tree for each controller."""
+    cores = usable_cores()
+    return MachineRoom(tuple(cores), _budget(len(cores), cpu_quota()), tuple(room_limits()) if process_room else ())
+
+
+def default_threads(world_size: int, budget: Optional[int] = None) -> int:
+    """Torch threads per CPU rank so that the ranks together don't oversubscribe the cores (or the CPU quota);
+    budget: cpu_budget() if read already (a MachineRoom's)."""
+    return max(1, (cpu_budget() if budget is None else budget) // world_size)
 
 
 def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[List[List[int]]]:
@@ -239,14 +260,14 @@ def core_plan(world_size: int, threads: int, cores: Sequence[int]) -> Optional[L
     return [list(cores[r * threads:(r + 1) * threads]) for r in range(world_size)]
 
 
-def binding_plan(world_size: int, threads: int, backend: str,
-                 bind_cores: Optional[bool]) -> Optional[List[List[int]]]:
+def binding_plan(world_size: int, threads: int, backend: str, bind_cores: Optional[bool],
+                 machine: Optional[MachineRoom] = None) -> Optional[List[List[int]]]:
     """The cores of each rank for these settings, None to leave the ranks unbound (the launcher's one rule).
 
     bind_cores=None binds gloo ranks when the cores suffice and no CPU quota narrows them, False never binds;
-    True raises ValueError (saying why) when binding is impossible.
+    True raises ValueError (saying why) when binding is impossible. machine: the facts if read already.
     """
-    cores, budget = usable_cores(), cpu_budget()
+    cores, budget = (list(machine.cores), machine.budget) if machine is not None else (usable_cores(), cpu_budget())
     plan = core_plan(world_size, threads, cores[:budget]) if backend == "gloo" and bind_cores is not False else None
     if bind_cores and plan is None:
         # Name only the condition that fails: a list of every rule reads as if all of them were broken.

@@ -135,6 +135,24 @@ def test_launch_checks_each_argument_once(counted, monkeypatch):
                        "check_start_method": 1}
 
 
+def test_a_launch_reads_the_machine_once(monkeypatch):
+    """The cores, the CPU quota and the process limits are read once (cores.machine_room), and every check of the
+    launch judges that one reading: the world size, the default threads, the core binding."""
+    from ddp_helpers import launch
+    from ddp_helpers.ranks import cores
+
+    reads = collections.Counter()
+    for name in ("usable_cores", "cpu_quota", "room_limits"):
+        def reading(*args, _real=getattr(cores, name), _name=name, **kwargs):
+            reads[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(cores, name, reading)
+    _stop_at_the_start(monkeypatch)
+    with pytest.raises(_Stop):
+        launch(print, 2, start_method="fork", watch_shared=False)
+    assert reads == {"usable_cores": 1, "cpu_quota": 1, "room_limits": 1}
+
+
 # ------------------------------------------------------------------ each rule has one checker
 def _calls(name: str) -> list:
     """Where the package calls a function of this name (by name or as an attribute)."""
@@ -164,7 +182,7 @@ def test_each_rule_is_called_from_one_checker(name, where):
 @pytest.mark.parametrize("words", [
     "ranks per usable core", "nccl needs CUDA GPUs and none is visible", "None (bind when possible) or False here",
     "a resolvable host such as", "is not available on", "check_readable_file(\"resume_from\"",
-    "check_writable_dir(\"checkpoint_dir\"", "processes and threads, and only",
+    "check_writable_dir(\"checkpoint_dir\"", "processes and threads, and only", "bytes of telemetry",
 ])
 def test_a_refusal_is_written_in_one_module(words):
     holding = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if words in p.read_text()]

@@ -93,20 +93,23 @@ def test_command_line_refuses_on_one_line_before_any_process(no_process, monkeyp
     assert err.count("\n") == 1 and err.startswith("error: ") and flag in err, err
 
 
-def test_the_limit_names_the_stated_maximum(monkeypatch):
+def _machine(n_cores: int) -> cores.MachineRoom:
+    """A machine with n_cores usable cores and no process limit."""
+    return cores.MachineRoom(tuple(range(n_cores)), n_cores, ())
+
+
+def test_the_limit_names_the_stated_maximum():
     """On a machine with many cores the stated maximum binds, and is named."""
-    monkeypatch.setattr(checks, "usable_core_count", lambda: 1024)
     with pytest.raises(ConfigError, match=rf"at most {checks.MAX_WORLD_SIZE} ranks.*MAX_WORLD_SIZE"):
-        checks.check_world_size(checks.MAX_WORLD_SIZE + 1, None, owner="x()", rooms=[])
-    checks.check_world_size(checks.MAX_WORLD_SIZE, None, owner="x()", rooms=[])
+        checks.check_world_size(checks.MAX_WORLD_SIZE + 1, None, _machine(1024), owner="x()")
+    checks.check_world_size(checks.MAX_WORLD_SIZE, None, _machine(1024), owner="x()")
 
 
-def test_ranks_per_core_bound_allows_the_lessons_oversubscription(monkeypatch):
+def test_ranks_per_core_bound_allows_the_lessons_oversubscription():
     """The lessons run 4 ranks on 2 cores (and on a 1-core VM): allowed; more than MAX_RANKS_PER_CORE are not."""
-    monkeypatch.setattr(checks, "usable_core_count", lambda: 1)
-    checks.check_world_size(4, None, owner="x()", rooms=[])
+    checks.check_world_size(4, None, _machine(1), owner="x()")
     with pytest.raises(ConfigError, match=r"x\(world_size=9\) is not accepted: at most 8 ranks.*MAX_RANKS_PER_CORE"):
-        checks.check_world_size(checks.MAX_RANKS_PER_CORE + 1, None, owner="x()", rooms=[])
+        checks.check_world_size(checks.MAX_RANKS_PER_CORE + 1, None, _machine(1), owner="x()")
 
 
 def test_process_limit_is_named(monkeypatch, no_process):

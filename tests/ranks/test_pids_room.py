@@ -41,7 +41,7 @@ def test_the_check_waits_for_what_a_launch_ended_then_reads_the_room_again(kille
     rooms = iter([[(5, "pids.max=120, 115 in use")], [(100, "pids.max=120, 20 in use")]])
     monkeypatch.setattr(cores, "room_limits", lambda: next(rooms))
     assert killed_child.pid in _eventually_leaving()
-    checks.check_world_size(2, 1, owner="launch()")  # refused before: the first reading was the only one
+    checks.RankSizes.checked(2, 1, owner="launch()")  # refused before: the first reading was the only one
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/stat")
@@ -50,7 +50,7 @@ def test_a_refusal_says_how_many_in_use_are_leaving(killed_child, monkeypatch):
     _eventually_leaving()
     with pytest.raises(ConfigError, match=r"only 5 more may start here \(pids.max=120, 115 in use; 1 of those in "
                                           r"use are processes a launch in this process ended that have exited"):
-        checks.check_world_size(2, 1, owner="launch()")
+        checks.RankSizes.checked(2, 1, owner="launch()")
 
 
 def _eventually_leaving() -> list:
