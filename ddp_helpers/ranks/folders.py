@@ -75,10 +75,14 @@ def run_folder(given: Optional[str] = None) -> Iterator[str]:
 
 
 def new_run_dir() -> str:
-    """A private run folder for a launch's ranks, marked with its owner, after removing dead launches' folders."""
-    check_temp_dir()  # before anything is read or removed there
-    remove_stale()
-    return owned_dir(RUN_DIR_PREFIX)
+    """A private run folder for a launch's ranks, marked with its owner; then dead launches' folders removed."""
+    folder = owned_dir(RUN_DIR_PREFIX)  # the temp dir judged as the folder is made, before anything is read there
+    try:
+        remove_stale()  # leaves this live folder alone (its lock is held)
+    except BaseException:
+        remove_run_dir(folder)
+        raise
+    return folder
 
 
 def check_temp_dir(where: Optional[str] = None) -> None:
@@ -107,7 +111,7 @@ def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     """
     import psutil
 
-    check_temp_dir(where)  # the forkserver's socket folder too: swapped, its socket could be someone else's
+    check_temp_dir(where)  # the one place it is judged: swapped, a run folder or a socket could be someone else's
     started = psutil.Process().create_time()
     folder = None
     try:

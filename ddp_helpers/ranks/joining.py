@@ -46,10 +46,8 @@ class RankProcesses:
 
     def watch(self, pollers: List[Callable[[], None]], poll_s: float, grace_s: float) -> Optional[int]:
         """Until every rank has exited (None) or one failed (its index: join has ended the others), each poller
-        called between waits of poll_s."""
+        called after each wait of poll_s (what the ranks did meanwhile)."""
         while True:
-            for poll in pollers:
-                poll()
             try:
                 # join waits only on ranks still running; on a failure it gives the others grace_s to report their
                 # side, then terminates them.
@@ -57,6 +55,8 @@ class RankProcesses:
                     return None
             except RankExited as e:
                 return e.index
+            for poll in pollers:
+                poll()
 
     def _end_all(self, grace_s: float) -> None:
         """The others get grace_s to end by themselves, then SIGTERM, grace_s more, SIGKILL (stop_processes)."""

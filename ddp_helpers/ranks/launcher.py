@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from .checks import SERVER_EXIT_S, SETTLE_S, LaunchError, LaunchPlan, check_start_method, launch_plan, window_s
 from .folders import log_paths, run_folder
-from .joining import RankProcesses
 from .ending import GRACE_S, EndOnSignals, PidsBefore, end_launch, interrupts_deferred, stop_processes
-from .output_log import LogKeeper, keeper_for, printable
+from .output_log import keeper_for, printable
 from .output_shown import LaunchEcho, echo_for, name_cells
 from .reports import (RankFailedError, diagnose, first_unreported, raised_in_collective, read_rank_reports,
                       returned_values)
 from .startmethod import forkserver_pid
-from .starting import Deferred, SharedWatch, start_ranks, tensors_in
+from .starting import SharedWatch, start_ranks, tensors_in
+
+if TYPE_CHECKING:
+    from .joining import RankProcesses
 
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
 # module before it reaches starting.rank_main, and `from ddp_helpers import launch` there must not take seconds.
@@ -99,59 +101,51 @@ def _launch(plan: LaunchPlan, fn: Callable, args: tuple) -> List[Any]:
     """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
     world_size, mark = plan.world_size, plan.mark
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
-    listener = store = None
-    echo = echo_for(plan.run_dir, world_size, plan.quiet)
     before = PidsBefore()  # what a rank starts is among the processes that appear from now on
-    logs = keeper_for(log_paths(plan.run_dir, world_size))  # the ranks' output, capped
     try:
-        ranks, listener, store = start_ranks(plan, Deferred((fn, args)), procs, logs)
-        outputs = _supervise(ranks, plan, echo, logs)
+        outputs = _supervise(plan, fn, args, procs)
     except KeyboardInterrupt:
         end_launch(procs, mark, wait_s=0.0, before=before)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
     except BaseException:
         end_launch(procs, mark, wait_s=0.0, before=before)  # nothing outlives the call
         raise
-    finally:
-        with interrupts_deferred() as late:  # no fd outlives the launch, whenever Ctrl-C comes
-            store = None  # noqa: F841 - frees the port for the next run
-            if listener is not None:
-                listener.close()
-            if logs is not None:
-                logs.close()
-    if end_launch(procs, mark, wait_s=10.0, before=before) or late:  # every rank reported: they exit now
+    if end_launch(procs, mark, wait_s=10.0, before=before):  # every rank reported: they exit now
         raise LaunchInterrupted(f"stopped as the ranks finished; all {world_size} ranks have ended")
     return outputs
 
 
-def _supervise(ranks: RankProcesses, plan: LaunchPlan, echo: Optional[LaunchEcho],
-               logs: Optional[LogKeeper] = None) -> List[Any]:
-    """Wait for every rank, showing what they print; on the first failure end them all (RankProcesses.join) and raise
-    RankFailedError."""
-    world_size = plan.world_size
+def _supervise(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any]) -> List[Any]:
+    """Start the ranks (into procs) and wait for every one, showing what they print; on the first failure end them
+    all (RankProcesses.join) and raise RankFailedError. No fd of it outlives the call, whenever Ctrl-C comes."""
+    echo = echo_for(plan.run_dir, plan.world_size, plan.quiet)
+    logs = keeper_for(log_paths(plan.run_dir, plan.world_size))  # the ranks' output, capped
+    ranks = listener = store = None
     late: List[int] = []  # Ctrl-C while the last output is shown: once it is, the launch is interrupted
     try:
-        # between polls: the caller's on_poll, then what the ranks printed
-        failed = ranks.watch(list(filter(None, (plan.on_poll, echo and echo.poll))), plan.poll_s, window_s("SETTLE_S"))
+        ranks, listener, store = start_ranks(plan, fn, args, procs, logs)
+        pollers = list(filter(None, (plan.on_poll, echo and echo.poll)))  # the caller's, then what the ranks printed
+        failed = ranks.watch(pollers, plan.poll_s, window_s("SETTLE_S"))
     finally:
         with interrupts_deferred() as late:
+            store = None  # noqa: F841 - the ranks have ended: the port is free for the next run
+            if listener is not None:
+                listener.close()
             if logs is not None:
-                logs.close()  # the ranks have ended: their last words logged, before the echo's last look
+                logs.close()  # their last words logged, before the echo's last look
             if echo is not None:
                 echo.finish()  # every line the ranks wrote, before their values or the error
     if late:
         raise KeyboardInterrupt
-    if failed is not None:
-        err = _failure(failed, ranks, plan.method, plan.run_dir, world_size, echo)
-        raise err from err.__cause__  # the rank's own exception, not RankExited
-    if plan.on_poll is not None:
-        plan.on_poll()
-    reports = read_rank_reports(plan.run_dir, world_size)
-    first = first_unreported(reports, world_size)  # exited with 0, said nothing
-    if first is not None:
-        err = _failure(first, ranks, plan.method, plan.run_dir, world_size, echo)
-        raise err from err.__cause__
-    return returned_values(reports, world_size)
+    if failed is None:  # every rank exited with 0: each reported its value, or the first that didn't is blamed
+        if plan.on_poll is not None:
+            plan.on_poll()
+        reports = read_rank_reports(plan.run_dir, plan.world_size)
+        failed = first_unreported(reports, plan.world_size)
+        if failed is None:
+            return returned_values(reports, plan.world_size)
+    err = _failure(failed, ranks, plan.method, plan.run_dir, plan.world_size, echo)
+    raise err from err.__cause__  # the rank's own exception, not RankExited
 
 
 def _failure(first: int, context: RankProcesses, method: str, run_dir: str, world_size: int,

@@ -333,9 +333,9 @@ def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: floa
 # --- the rank processes of a launch, started ---
 
 
-def start_ranks(plan: LaunchPlan, payload: Deferred, procs: List[Any],
+def start_ranks(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any],
                 logs: Optional[LogKeeper]) -> Tuple[RankProcesses, socket.socket, Optional[TCPStore]]:
-    """Start the plan's ranks, each appended to procs as it starts (an interrupt between two starts still ends
+    """Start the plan's ranks on fn(rank, world_size, *args), each appended to procs as it starts (an interrupt between two starts still ends
     those running) with its end of a pipe for its output (logs); they, the socket bound first (its port is in their
     environment: the caller closes it) and the store served once they exist (None with init_group)."""
     from .joining import RankProcesses
@@ -344,7 +344,7 @@ def start_ranks(plan: LaunchPlan, payload: Deferred, procs: List[Any],
     # It listens, with a TCP store behind it, only for a function that joins through env:// itself (init_group=False).
     listener = _listen(plan.host, plan.port, listen=not plan.init_group)
     try:
-        _start_processes(plan, listener.getsockname()[1], payload, procs, logs)
+        _start_processes(plan, listener.getsockname()[1], Deferred((fn, args)), procs, logs)
         # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
         # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
         store = None if plan.init_group else serve_store(listener, plan.host, plan.world_size, plan.timeout_s)
@@ -371,7 +371,8 @@ def _start_processes(plan: LaunchPlan, port: int, payload: Deferred, procs: List
     from .env import RankSpec, launched_env
 
     method, world_size = plan.method, plan.world_size
-    env = {**launched_env(world_size, plan.host, port, f"ddp_helpers-{plan.mark}", plan.threads), LAUNCH_MARK: plan.mark}
+    mark = plan.mark
+    env = {**launched_env(world_size, plan.host, port, f"ddp_helpers-{mark}", plan.threads), LAUNCH_MARK: mark}
     spec = RankSpec(dict(os.environ), env, plan.run_dir, plan.backend, plan.timeout_s, plan.threads, plan.bind_cores,
                     plan.init_group)
     if method == "fork":
