@@ -51,6 +51,11 @@ def rows_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"rank{rank}.rows")
 
 
+def rows_paths(run_dir: str, world_size: int) -> List[str]:
+    """Where each rank keeps its per-step rows, by rank."""
+    return [rows_path(run_dir, rank) for rank in range(world_size)]
+
+
 def log_path(run_dir: str, rank: int) -> str:
     """Where a launched rank's stdout and stderr go."""
     return os.path.join(run_dir, f"rank{rank}.log")
@@ -76,13 +81,18 @@ def run_folder(given: Optional[str] = None) -> Iterator[str]:
 
 def new_run_dir() -> str:
     """A private run folder for a launch's ranks, marked with its owner; then dead launches' folders removed."""
-    folder = owned_dir(RUN_DIR_PREFIX)  # the temp dir judged as the folder is made, before anything is read there
+    folder = None
     try:
-        remove_stale()  # leaves this live folder alone (its lock is held)
+        with interrupts_deferred() as pending:  # handed over with the stale ones gone, or removed: no gap between
+            folder = owned_dir(RUN_DIR_PREFIX)  # the temp dir judged as the folder is made, before anything is read
+            remove_stale()  # leaves this live folder alone (its lock is held)
+        if pending:
+            raise KeyboardInterrupt
+        return folder
     except BaseException:
-        remove_run_dir(folder)
+        if folder is not None:
+            remove_run_dir(folder)
         raise
-    return folder
 
 
 def check_temp_dir(where: Optional[str] = None) -> None:
