@@ -69,14 +69,12 @@ def _writes_results() -> bool:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """The command line's own path checks, made before any process starts: the temp dir, --out can be written (the
-    run's own paths, --resume-from and --checkpoint-dir: engine.config.check_before_torch). A typo there costs a
-    tenth of a second, not a forkserver importing torch."""
+    """The command line's own path check, made before any process starts: --out can be written (the run's own
+    paths, --resume-from and --checkpoint-dir: engine.config.check_before_torch; the temp dir: where the forkserver's
+    folder is made in it, ranks/folders.owned_dir). A typo there costs a tenth of a second, not torch's import."""
     from ..common.files import probe_output_dir
     from ..engine.config import ConfigError
-    from ..ranks.folders import check_temp_dir
 
-    check_temp_dir()  # where the run folders and the forkserver's socket go
     if _writes_results():
         try:
             probe_output_dir("--out", args.out)
@@ -190,10 +188,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     existed = os.path.exists(os.path.expanduser(args.out))
     try:
         cfg, sizes = _check_flags(args, existed)
+        _start_forkserver_early(args.start_method)  # its folder made in the temp dir judges it (before torch loads)
     except ConfigError as e:
+        _remove_if_made(args.out, existed)  # a temp dir refused by the forkserver's folder: --out probed already
         say(f"error: {for_flags(e)}")
         return 2
-    _start_forkserver_early(args.start_method)
     from ..data import DataError
     from ..engine.checkpoint import CheckpointError
     from ..ranks.launcher import LaunchError, RankFailedError

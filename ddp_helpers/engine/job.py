@@ -45,7 +45,7 @@ class Job:
 
     def result(self, final_params: Optional[np.ndarray] = None, complete: bool = True) -> TrainResult:
         """The TrainResult of everything the ranks recorded so far."""
-        r = collect_result(self.rows, self.cfg.to_dict(), self.backend, self.data.name, self.data.source,
+        r = collect_result(self.rows.all_tables(), self.cfg.to_dict(), self.backend, self.data.name, self.data.source,
                            self.t_launch, time.monotonic(), self.cfg.capture_grad_steps, final_params,
                            peak_rss_bytes(children=False) / 2**20, complete=complete)
         r.notes.extend(self.notes)

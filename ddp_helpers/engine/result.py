@@ -14,7 +14,7 @@ import torch
 
 from ..common.files import atomic_write
 from .model import build_model
-from .telemetry import RankField, RunRows, StepFloat, StepInt
+from .telemetry import RankField, StepFloat, StepInt
 
 RESULT_FORMAT = "ddp_helpers.TrainResult/1"
 
@@ -291,11 +291,10 @@ def _captured(tables: List[Optional[Dict[str, np.ndarray]]], capture_steps: tupl
     return captured
 
 
-def collect_result(rows: RunRows, config: dict, backend: str, dataset: str, data_source: str,
-                   t_launch: float, t_done: float, capture_steps: tuple, final_params: Optional[np.ndarray],
-                   parent_rss_mb: float, complete: bool = True) -> TrainResult:
-    """Turn every rank's tables (as far as each rank got) into a TrainResult."""
-    tables = [rows.tables(r) for r in range(rows.world_size)]
+def collect_result(tables: List[Optional[Dict[str, np.ndarray]]], config: dict, backend: str, dataset: str,
+                   data_source: str, t_launch: float, t_done: float, capture_steps: tuple,
+                   final_params: Optional[np.ndarray], parent_rss_mb: float, complete: bool = True) -> TrainResult:
+    """Turn every rank's tables (RunRows.all_tables: as far as each rank got) into a TrainResult."""
     info = np.stack([t["info"] if t is not None else np.full(len(RankField), np.nan) for t in tables])
     startup, loop = _startup_and_loop(info, t_launch)
     correct, total = info[0, RankField.CORRECT], info[0, RankField.TOTAL]

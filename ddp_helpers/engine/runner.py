@@ -13,8 +13,8 @@ from .config import ConfigError, TrainConfig, plan_launch
 from ..data import load_data
 from .job import Job
 from ..ranks.checks import LaunchPlan, RankSizes
-from ..ranks.folders import EndOnSignals, new_run_dir, remove_run_dir
-from ..ranks.ending import interrupts_deferred
+from ..ranks.ending import EndOnSignals, interrupts_deferred
+from ..ranks.folders import run_folder
 from ..ranks.launcher import LaunchInterrupted, RankFailedError, run_plan
 from .result import TrainResult
 from .telemetry import RunRows
@@ -125,15 +125,9 @@ def _run_training(cfg: TrainConfig, sizes: Optional[RankSizes], progress: Option
     cfg = resolve_resume(cfg)  # resume_from="latest": the newest checkpoint in checkpoint_dir, or a fresh start
     start_step = check_resume(cfg)  # a checkpoint made with other settings is refused now, not after ranks start
     data = load_data(cfg)  # decoded once here, shared with every rank: no rank downloads or decodes again
-    with EndOnSignals():  # SIGTERM/SIGHUP end the run as Ctrl-C does: its run folder removed, then the signal
-        run_dir = None
-        try:
-            run_dir = new_run_dir()  # where every rank leaves its rows and its report (ranks/folders.py)
-            return _train_in(dataclasses.replace(plan, run_dir=run_dir), cfg, start_step, data, progress,
-                             on_progress)
-        finally:
-            if run_dir is not None:
-                remove_run_dir(run_dir)
+    # SIGTERM/SIGHUP end the run as Ctrl-C does; the folder where every rank leaves its rows and report, removed after
+    with EndOnSignals(), run_folder() as run_dir:
+        return _train_in(dataclasses.replace(plan, run_dir=run_dir), cfg, start_step, data, progress, on_progress)
 
 
 def _settings(cfg: Optional[TrainConfig], progress: object, on_progress: object, overrides: dict) -> TrainConfig:

@@ -154,6 +154,10 @@ class RunRows:
         """A copy of one rank's tables (None if it made none)."""
         return self.reader.tables(rank)
 
+    def all_tables(self) -> List[Optional[Dict[str, np.ndarray]]]:
+        """A copy of every rank's tables, by rank (None for a rank that made none)."""
+        return [self.reader.tables(r) for r in range(self.world_size)]
+
     def missing(self) -> List[int]:
         """The ranks whose rows this process can't see."""
         return [r for r in range(self.world_size) if not self.reader.has(r)]

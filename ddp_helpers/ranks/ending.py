@@ -1,6 +1,7 @@
 """Ending processes: a launch's ranks reaped or stopped, everything they started ended (wherever it went), a
 rank's own descendants killed and collected, the kernel's helper processes ended before its shutdown, and an
-interrupt during any of it can't cut it short. The one module that ends processes (joining.py uses it)."""
+interrupt during any of it can't cut it short, and SIGTERM or SIGHUP ending a launch as Ctrl-C does. The one module
+that ends processes (joining.py uses it)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, FrozenSet, Iterator, List, Optional
+from typing import Any, Callable, FrozenSet, Iterator, List, Optional
 
 from .cores import note_ended
 
@@ -239,3 +240,59 @@ def end_helpers_before_kernel_shutdown() -> bool:
     kernel._at_shutdown = at_shutdown
     kernel._ddp_helpers_first = True
     return True
+
+
+_BEFORE_DYING: List[Callable[[], None]] = []  # what EndOnSignals runs before a re-delivered signal kills us
+
+
+def before_dying(fn: Callable[[], None]) -> None:
+    """Run fn when this process dies of a SIGTERM or SIGHUP that EndOnSignals re-delivers (atexit runs not then)."""
+    if fn not in _BEFORE_DYING:
+        _BEFORE_DYING.append(fn)
+
+
+class Signalled(SystemExit):
+    """SIGTERM or SIGHUP arrived while ranks ran: unwind (ending them), then die of that signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+class EndOnSignals:
+    """While the ranks run, SIGTERM and SIGHUP end the launch as Ctrl-C does (the ranks stopped, the run folder
+    removed); then the previous disposition is restored, what before_dying() was given runs (what atexit would
+    have done) and the signal is delivered again, so the process ends as it would have without us (a Jupyter
+    kernel's shutdown relies on that). Only replaces the default action."""
+
+    def __init__(self) -> None:
+        self.saved: dict = {}
+
+    def __enter__(self) -> "EndOnSignals":
+        if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+            return self
+        with interrupts_deferred() as pending:  # all installed, or none
+            for name in ("SIGTERM", "SIGHUP"):
+                sig = getattr(signal, name, None)  # Windows has no SIGHUP
+                if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:  # never replace someone's handler
+                    self.saved[sig] = signal.signal(sig, self._raise)
+        if pending:
+            self._restore()
+            raise KeyboardInterrupt
+        return self
+
+    def _restore(self) -> None:
+        with interrupts_deferred():  # all restored (a Ctrl-C now comes as the launch ends anyway)
+            for sig, handler in self.saved.items():
+                signal.signal(sig, handler)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise Signalled(signum)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._restore()
+        if isinstance(exc, Signalled) and exc.signum in self.saved:
+            for fn in _BEFORE_DYING:  # dying of the signal skips atexit
+                fn()
+            signal.raise_signal(exc.signum)  # the default action: this process ends, killed by that signal

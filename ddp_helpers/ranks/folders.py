@@ -1,6 +1,6 @@
 """Run folders: where every rank leaves its outcome, its rows and its log; making them, holding them, telling
-a dead owner's from a live one's (one flock probe: lock_free), removing them and what a dead launch left; and the
-signal handlers that end a launch as Ctrl-C does.
+a dead owner's from a live one's (one flock probe: lock_free), removing them and what a dead launch left (`run_folder`: a launch's folder for its
+whole life, made, handed over and removed).
 
 launch()'s ranks and torchrun's ranks report the same way. Each rank writes:
 - its report, renamed into place (a reader sees none of it or all of it): `report<r>.pkl` for launch()'s ranks
@@ -22,11 +22,9 @@ import glob
 import multiprocessing.process
 import os
 import shutil
-import signal
 import stat
 import tempfile
-import threading
-from typing import Any, Dict, Iterator, Optional
+from typing import Dict, Iterator, List, Optional
 
 from .ending import interrupts_deferred, stop_helpers
 
@@ -53,16 +51,48 @@ def rows_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"rank{rank}.rows")
 
 
+def rows_paths(run_dir: str, world_size: int) -> List[str]:
+    """Where each rank keeps its per-step rows, by rank."""
+    return [rows_path(run_dir, rank) for rank in range(world_size)]
+
+
 def log_path(run_dir: str, rank: int) -> str:
     """Where a launched rank's stdout and stderr go."""
     return os.path.join(run_dir, f"rank{rank}.log")
 
 
+def log_paths(run_dir: str, world_size: int) -> List[str]:
+    """Where each launched rank's stdout and stderr go, by rank."""
+    return [log_path(run_dir, rank) for rank in range(world_size)]
+
+
+@contextlib.contextmanager
+def run_folder(given: Optional[str] = None) -> Iterator[str]:
+    """A launch's run folder for the block: `given` (the caller's to remove) or a new one, removed after it."""
+    made = None
+    try:
+        if given is None:
+            made = new_run_dir()
+        yield given if made is None else made
+    finally:
+        if made is not None:
+            remove_run_dir(made)
+
+
 def new_run_dir() -> str:
-    """A private run folder for a launch's ranks, marked with its owner, after removing dead launches' folders."""
-    check_temp_dir()  # before anything is read or removed there
-    remove_stale()
-    return owned_dir(RUN_DIR_PREFIX)
+    """A private run folder for a launch's ranks, marked with its owner; then dead launches' folders removed."""
+    folder = None
+    try:
+        with interrupts_deferred() as pending:  # handed over with the stale ones gone, or removed: no gap between
+            folder = owned_dir(RUN_DIR_PREFIX)  # the temp dir judged as the folder is made, before anything is read
+            remove_stale()  # leaves this live folder alone (its lock is held)
+        if pending:
+            raise KeyboardInterrupt
+        return folder
+    except BaseException:
+        if folder is not None:
+            remove_run_dir(folder)
+        raise
 
 
 def check_temp_dir(where: Optional[str] = None) -> None:
@@ -91,7 +121,7 @@ def owned_dir(prefix: str, where: Optional[str] = None) -> str:
     """
     import psutil
 
-    check_temp_dir(where)  # the forkserver's socket folder too: swapped, its socket could be someone else's
+    check_temp_dir(where)  # the one place it is judged: swapped, a run folder or a socket could be someone else's
     started = psutil.Process().create_time()
     folder = None
     try:
@@ -214,56 +244,12 @@ def remove_run_dir(folder: str) -> None:
 
 
 def remove_own_multiprocessing_dir() -> None:
-    """Before this process dies of a signal (no atexit runs then): end its forkserver and resource tracker, and
-    remove the multiprocessing folder startmethod gave it, which would stay until the next launch."""
+    """Before this process dies of a signal (no atexit runs then; ending.before_dying, as startmethod gives it the
+    folder): end its forkserver and resource tracker, and remove the multiprocessing folder, which would stay
+    until the next launch."""
     folder = multiprocessing.process.current_process()._config.get("tempdir")
     if folder is None or not os.path.basename(folder).startswith(MP_DIR_PREFIX):
         return  # none, or multiprocessing's own pymp-* (its finalizer's business)
     stop_helpers()
     release(folder)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-class Signalled(SystemExit):
-    """SIGTERM or SIGHUP arrived while ranks ran: unwind (ending them), then die of that signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(128 + signum)
-        self.signum = signum
-
-
-class EndOnSignals:
-    """While the ranks run, SIGTERM and SIGHUP end the launch as Ctrl-C does (the ranks stopped, the log folder
-    removed); then the previous disposition is restored and the signal delivered again, so the process ends as
-    it would have without us (a Jupyter kernel's shutdown relies on that). Only replaces the default action."""
-
-    def __init__(self) -> None:
-        self.saved: dict = {}
-
-    def __enter__(self) -> "EndOnSignals":
-        if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
-            return self
-        with interrupts_deferred() as pending:  # all installed, or none
-            for name in ("SIGTERM", "SIGHUP"):
-                sig = getattr(signal, name, None)  # Windows has no SIGHUP
-                if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:  # never replace someone's handler
-                    self.saved[sig] = signal.signal(sig, self._raise)
-        if pending:
-            self._restore()
-            raise KeyboardInterrupt
-        return self
-
-    def _restore(self) -> None:
-        with interrupts_deferred():  # all restored (a Ctrl-C now comes as the launch ends anyway)
-            for sig, handler in self.saved.items():
-                signal.signal(sig, handler)
-
-    @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
-        raise Signalled(signum)
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._restore()
-        if isinstance(exc, Signalled) and exc.signum in self.saved:
-            remove_own_multiprocessing_dir()  # dying of the signal skips atexit, which would have removed it
-            signal.raise_signal(exc.signum)  # the default action: this process ends, killed by that signal

@@ -8,7 +8,7 @@ through the run folder (ranks/reports.py), never by a pickle another process cou
 from __future__ import annotations
 
 import multiprocessing.connection
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .ending import join_all, stop_processes
 
@@ -43,6 +43,20 @@ class RankProcesses:
                 self._end_all(grace_s)
                 raise RankExited(rank, process.exitcode)
         return not self._running
+
+    def watch(self, pollers: List[Callable[[], None]], poll_s: float, grace_s: float) -> Optional[int]:
+        """Until every rank has exited (None) or one failed (its index: join has ended the others), each poller
+        called after each wait of poll_s (what the ranks did meanwhile)."""
+        while True:
+            try:
+                # join waits only on ranks still running; on a failure it gives the others grace_s to report their
+                # side, then terminates them.
+                if self.join(timeout=poll_s, grace_s=grace_s):
+                    return None
+            except RankExited as e:
+                return e.index
+            for poll in pollers:
+                poll()
 
     def _end_all(self, grace_s: float) -> None:
         """The others get grace_s to end by themselves, then SIGTERM, grace_s more, SIGKILL (stop_processes)."""

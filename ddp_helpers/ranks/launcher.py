@@ -2,21 +2,21 @@
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
-import os
 import time
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from .checks import SERVER_EXIT_S, SETTLE_S, LaunchError, LaunchPlan, check_start_method, launch_plan, window_s
-from .folders import EndOnSignals, log_path, new_run_dir, remove_run_dir
-from .joining import RankExited, RankProcesses
-from .ending import GRACE_S, LAUNCH_MARK, PidsBefore, end_launch, interrupts_deferred, stop_processes
-from .env import RankSpec, launched_env
-from .output_log import LogKeeper, keeper_for, printable
+from .folders import log_paths, run_folder
+from .ending import GRACE_S, EndOnSignals, PidsBefore, end_launch, interrupts_deferred, stop_processes
+from .output_log import keeper_for, printable
 from .output_shown import LaunchEcho, echo_for, name_cells
-from .reports import RankFailedError, diagnose, raised_in_collective, read_rank_reports, returned_values
-from .startmethod import prepare_forkserver
-from .starting import Deferred, SharedWatch, bind_listener, rank_main, serve_store, tensors_in
+from .reports import (RankFailedError, diagnose, first_unreported, raised_in_collective, read_rank_reports,
+                      returned_values)
+from .startmethod import forkserver_pid
+from .starting import SharedWatch, start_ranks, tensors_in
+
+if TYPE_CHECKING:
+    from .joining import RankProcesses
 
 # torch is imported when a launch starts, not with this module: a spawned rank re-imports its program's main
 # module before it reaches starting.rank_main, and `from ddp_helpers import launch` there must not take seconds.
@@ -73,19 +73,13 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), backend: str = "
 def run_plan(plan: LaunchPlan, fn: Callable, args: tuple = ()) -> List[Any]:
     """launch() for a plan already checked (LaunchPlan.checked: launch()'s arguments, or run_training's settings)."""
     watch = SharedWatch(_sendable(fn, args, plan.method)) if plan.watch_shared else None  # said now, before any starts
-    procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
-    made = None  # the run folder this call makes (and removes), once it exists
-    with EndOnSignals():
-        try:
-            if plan.run_dir is None:
-                made = new_run_dir()
-                plan = dataclasses.replace(plan, run_dir=made)
-            return _launch(plan, Deferred((fn, args)), procs, echo_for(plan.run_dir, plan.world_size, plan.quiet))
-        finally:
-            if made is not None:
-                remove_run_dir(made)
-            if watch is not None:
-                watch.check()
+    try:
+        # the run folder: the caller's, or one made (and removed) for this launch
+        with EndOnSignals(), run_folder(plan.run_dir) as run_dir:
+            return _launch(dataclasses.replace(plan, run_dir=run_dir), fn, args)
+    finally:
+        if watch is not None:
+            watch.check()
 
 
 def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
@@ -103,122 +97,55 @@ def _sendable(fn: Callable, args: tuple, method: str) -> List[Any]:
                           "made from") from None
 
 
-def _launch(plan: LaunchPlan, payload: Deferred, procs: List[Any], echo: Optional[LaunchEcho]) -> List[Any]:
+def _launch(plan: LaunchPlan, fn: Callable, args: tuple) -> List[Any]:
     """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
-    listener = store = None
     world_size, mark = plan.world_size, plan.mark
+    procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
     before = PidsBefore()  # what a rank starts is among the processes that appear from now on
-    logs = keeper_for([log_path(plan.run_dir, r) for r in range(world_size)])  # the ranks' output, capped
     try:
-        # Bound before the ranks start (its port is part of their environment); it listens, with a TCP store
-        # behind it, only for a function that joins through env:// itself (init_group=False).
-        listener = _listen(plan.host, plan.port, listen=not plan.init_group)
-        env = {**launched_env(world_size, plan.host, listener.getsockname()[1], f"ddp_helpers-{mark}", plan.threads),
-               LAUNCH_MARK: mark}
-        spec = RankSpec(dict(os.environ), env, plan.run_dir, plan.backend, plan.timeout_s, plan.threads,
-                        plan.bind_cores, plan.init_group)
-        context = _start_ranks(plan.method, world_size, spec, payload, procs, logs)
-        if not plan.init_group:
-            # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
-            # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
-            store = serve_store(listener, plan.host, world_size, plan.timeout_s)
-        outputs = _supervise(context, plan.method, plan.run_dir, world_size, plan.on_poll, plan.poll_s, echo, logs)
+        outputs = _supervise(plan, fn, args, procs)
     except KeyboardInterrupt:
         end_launch(procs, mark, wait_s=0.0, before=before)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
     except BaseException:
         end_launch(procs, mark, wait_s=0.0, before=before)  # nothing outlives the call
         raise
-    finally:
-        store = None  # noqa: F841 - frees the port for the next run
-        with interrupts_deferred() as late:  # no fd outlives the launch, whenever Ctrl-C comes
-            if listener is not None:
-                listener.close()
-            if logs is not None:
-                logs.close()
-    if end_launch(procs, mark, wait_s=10.0, before=before) or late:  # every rank reported: they exit now
+    if end_launch(procs, mark, wait_s=10.0, before=before):  # every rank reported: they exit now
         raise LaunchInterrupted(f"stopped as the ranks finished; all {world_size} ranks have ended")
     return outputs
 
 
-def _listen(host: str, port: int, listen: bool):
-    try:
-        return bind_listener(host, port, listen)
-    except OSError as e:  # taken between LaunchPlan.checked and now
-        raise LaunchError(f"launch(port={port}) can't listen on {host}: {e}; use port=0 (a free port)") from None
-
-
-def _start_ranks(method: str, world_size: int, spec: RankSpec, payload: Deferred, procs: List[Any],
-                 logs: Optional[LogKeeper]) -> RankProcesses:
-    """Start the rank processes, appending each to procs, each with its end of a pipe for its output (logs);
-    RankProcesses then watches them (ranks report through files of the run folder)."""
-    if method == "fork":
-        # DDP's constructor imports torch._dynamo (seconds: docs/benchmarks.md). Importing it once in the parent: every
-        # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
-        import torch._dynamo  # noqa: F401
-    elif method == "forkserver":
-        prepare_forkserver()
-    ctx = multiprocessing.get_context(method)
-    for rank in range(world_size):
-        with interrupts_deferred() as pending:  # a rank forked as Ctrl-C comes is in procs, so it is ended too
-            pipe = logs.pipe_for(rank) if logs is not None else None
-            p = ctx.Process(target=rank_main, args=(rank, spec, payload, pipe), name=f"ddp_helpers-rank{rank}",
-                            daemon=False)
-            p.start()
-            procs.append(p)
-            if logs is not None:
-                logs.sent(rank)
-        if pending:
-            raise KeyboardInterrupt
-    if logs is not None:
-        logs.start()  # only now: a forked rank must not inherit its thread
-    return RankProcesses(procs, _forkserver_pid() if method == "forkserver" else None)
-
-
-def _supervise(context: RankProcesses, method: str, run_dir: str, world_size: int,
-               on_poll: Optional[Callable[[], None]], poll_s: float, echo: Optional[LaunchEcho],
-               logs: Optional[LogKeeper] = None) -> List[Any]:
-    """Wait for every rank, showing what they print; on the first failure end them all (RankProcesses.join) and raise
-    RankFailedError."""
+def _supervise(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any]) -> List[Any]:
+    """Start the ranks (into procs) and wait for every one, showing what they print; on the first failure end them
+    all (RankProcesses.join) and raise RankFailedError. No fd of it outlives the call, whenever Ctrl-C comes."""
+    echo = echo_for(plan.run_dir, plan.world_size, plan.quiet)
+    logs = keeper_for(log_paths(plan.run_dir, plan.world_size))  # the ranks' output, capped
+    ranks = listener = store = None
     late: List[int] = []  # Ctrl-C while the last output is shown: once it is, the launch is interrupted
     try:
-        failed = _watch(context, on_poll, poll_s, echo)
+        ranks, listener, store = start_ranks(plan, fn, args, procs, logs)
+        pollers = list(filter(None, (plan.on_poll, echo and echo.poll)))  # the caller's, then what the ranks printed
+        failed = ranks.watch(pollers, plan.poll_s, window_s("SETTLE_S"))
     finally:
         with interrupts_deferred() as late:
+            store = None  # noqa: F841 - the ranks have ended: the port is free for the next run
+            if listener is not None:
+                listener.close()
             if logs is not None:
-                logs.close()  # the ranks have ended: their last words logged, before the echo's last look
+                logs.close()  # their last words logged, before the echo's last look
             if echo is not None:
                 echo.finish()  # every line the ranks wrote, before their values or the error
     if late:
         raise KeyboardInterrupt
-    if failed is not None:
-        err = _failure(failed, context, method, run_dir, world_size, echo)
-        raise err from err.__cause__  # the rank's own exception, not RankExited
-    if on_poll is not None:
-        on_poll()
-    reports = read_rank_reports(run_dir, world_size)
-    if len(reports) < world_size or not all(r.ok for r in reports.values()):  # exited with 0, said nothing
-        first = next(r for r in range(world_size) if r not in reports or not reports[r].ok)
-        err = _failure(first, context, method, run_dir, world_size, echo)
-        raise err from err.__cause__
-    return returned_values(reports, world_size)
-
-
-def _watch(context: RankProcesses, on_poll: Optional[Callable[[], None]], poll_s: float,
-           echo: Optional[LaunchEcho]) -> Optional[int]:
-    """Poll until every rank has exited (None) or one failed (its index: join has ended the others)."""
-    while True:
-        if on_poll is not None:
-            on_poll()
-        if echo is not None:
-            echo.poll()
-        try:
-            # join waits only on ranks still running; on a failure it gives the others SETTLE_S to report their
-            # side, then terminates them.
-            if context.join(timeout=poll_s, grace_s=window_s("SETTLE_S")):
-                return None
-        except RankExited as e:
-            return e.index
+    if failed is None:  # every rank exited with 0: each reported its value, or the first that didn't is blamed
+        if plan.on_poll is not None:
+            plan.on_poll()
+        reports = read_rank_reports(plan.run_dir, plan.world_size)
+        failed = first_unreported(reports, plan.world_size)
+        if failed is None:
+            return returned_values(reports, plan.world_size)
+    err = _failure(failed, ranks, plan.method, plan.run_dir, plan.world_size, echo)
+    raise err from err.__cause__  # the rank's own exception, not RankExited
 
 
 def _failure(first: int, context: RankProcesses, method: str, run_dir: str, world_size: int,
@@ -244,18 +171,12 @@ def _tail_shown(err: RankFailedError, echo: Optional[LaunchEcho]) -> RankFailedE
     return lean
 
 
-def _forkserver_pid() -> Optional[int]:
-    import multiprocessing.forkserver as fs
-
-    return getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
-
-
 def _forkserver_died(method: str, codes: List[Optional[int]], server: Optional[int]) -> bool:
     """True when the forkserver that forked the ranks is gone: they then read as exit code 255
     (popen_forkserver.poll), whether the server is a zombie, reaped, or already replaced by a new one."""
     if method != "forkserver" or 255 not in codes or server is None:
         return False
-    if _forkserver_pid() != server:
+    if forkserver_pid() != server:
         return True
     import psutil
 

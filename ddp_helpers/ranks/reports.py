@@ -202,6 +202,14 @@ def read_rank_reports(run_dir: str, world_size: int) -> Dict[int, Report]:
     return found
 
 
+def first_unreported(reports: Dict[int, Report], world_size: int) -> Optional[int]:
+    """The first rank whose report holds no value (none, or an error), or None when every rank returned one."""
+    for rank in range(world_size):
+        if rank not in reports or not reports[rank].ok:
+            return rank
+    return None
+
+
 def returned_values(reports: Dict[int, Report], world_size: int) -> List[Any]:
     """Each rank's returned value, unpickled; RankFailedError naming the rank whose value can't be."""
     values = []

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .ending import interrupts_deferred
-from .folders import rows_path
+from .folders import rows_paths
 
 MAGIC = b"DDPROWS1"
 _ALIGN = 64  # each table starts on a cache line
@@ -83,6 +83,7 @@ class RowsReader:
 
     def __init__(self, run_dir: str, world_size: int):
         self.run_dir, self.world_size = run_dir, world_size
+        self.paths = rows_paths(run_dir, world_size)
         self._maps: Dict[int, Tuple[mmap.mmap, Dict[str, dict]]] = {}
         self._given: Dict[int, Dict[str, np.ndarray]] = {}  # rows that came another way (over the group)
 
@@ -98,7 +99,7 @@ class RowsReader:
 
     def _map(self, rank: int) -> Optional[Tuple[mmap.mmap, Dict[str, dict]]]:
         try:
-            with open(rows_path(self.run_dir, rank), "rb") as fh:
+            with open(self.paths[rank], "rb") as fh:
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except (FileNotFoundError, ValueError):  # not made yet (ValueError: an empty file can't be mapped)
             return None
@@ -107,7 +108,7 @@ class RowsReader:
             self._maps[rank] = (mm, _parse(mm[:start]))
         except ValueError:
             mm.close()
-            raise ValueError(f"{rows_path(self.run_dir, rank)} is not a rows file") from None
+            raise ValueError(f"{self.paths[rank]} is not a rows file") from None
         return self._maps[rank]
 
     def give(self, rank: int, tables: Dict[str, np.ndarray]) -> None:

@@ -1,6 +1,7 @@
 """Starting a rank: what a launch sends it (the function and its arguments, by value where a notebook cell
 defined them; the data cache's tensors checked after), where the ranks meet (the store a launch hosts), and the
-first code a rank runs, before anything heavy is imported: tie its life to its parent's, lead its own group.
+first code a rank runs, before anything heavy is imported: tie its life to its parent's, lead its own group; and
+the launcher's side, the rank processes started (`start_ranks`).
 
 This module imports only the standard library at the top (and two modules of the package that import only it),
 so a rank started by spawn or forkserver reaches rank_main in milliseconds; torch and the function to run are
@@ -36,6 +37,10 @@ except ImportError:  # Windows: psutil answers for the peak memory instead
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
+
+    from .checks import LaunchPlan
+    from .joining import RankProcesses
+    from .output_log import LogKeeper
 
 SHARE_ARRAYS_FROM = 16 * 2**20  # NumPy arrays this large travel through shared memory, not one copy per rank
 
@@ -323,3 +328,72 @@ def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: floa
     fd = sock.detach()  # the store owns the descriptor from here on, and closes it when it ends (or fails)
     return dist.TCPStore(host, port, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False, master_listen_fd=fd, use_libuv=True)
+
+
+# --- the rank processes of a launch, started ---
+
+
+def start_ranks(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any],
+                logs: Optional[LogKeeper]) -> Tuple[RankProcesses, socket.socket, Optional[TCPStore]]:
+    """Start the plan's ranks on fn(rank, world_size, *args), each appended to procs as it starts (an interrupt between two starts still ends
+    those running) with its end of a pipe for its output (logs); they, the socket bound first (its port is in their
+    environment: the caller closes it) and the store served once they exist (None with init_group)."""
+    from .joining import RankProcesses
+    from .startmethod import forkserver_pid
+
+    # It listens, with a TCP store behind it, only for a function that joins through env:// itself (init_group=False).
+    listener = _listen(plan.host, plan.port, listen=not plan.init_group)
+    try:
+        _start_processes(plan, listener.getsockname()[1], Deferred((fn, args)), procs, logs)
+        # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
+        # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
+        store = None if plan.init_group else serve_store(listener, plan.host, plan.world_size, plan.timeout_s)
+    except BaseException:
+        listener.close()
+        raise
+    return RankProcesses(procs, forkserver_pid() if plan.method == "forkserver" else None), listener, store
+
+
+def _listen(host: str, port: int, listen: bool) -> socket.socket:
+    from .checks import LaunchError
+
+    try:
+        return bind_listener(host, port, listen)
+    except OSError as e:  # taken between LaunchPlan.checked and now
+        raise LaunchError(f"launch(port={port}) can't listen on {host}: {e}; use port=0 (a free port)") from None
+
+
+def _start_processes(plan: LaunchPlan, port: int, payload: Deferred, procs: List[Any],
+                     logs: Optional[LogKeeper]) -> None:
+    """Start the rank processes, appending each to procs, each with its end of a pipe for its output (logs) and
+    torchrun's variables for a rendezvous at port in its environment."""
+    from .ending import LAUNCH_MARK
+    from .env import RankSpec, launched_env
+
+    method, world_size = plan.method, plan.world_size
+    mark = plan.mark
+    env = {**launched_env(world_size, plan.host, port, f"ddp_helpers-{mark}", plan.threads), LAUNCH_MARK: mark}
+    spec = RankSpec(dict(os.environ), env, plan.run_dir, plan.backend, plan.timeout_s, plan.threads, plan.bind_cores,
+                    plan.init_group)
+    if method == "fork":
+        # DDP's constructor imports torch._dynamo (seconds: docs/benchmarks.md). Importing it once in the parent: every
+        # forked rank inherits it: later launches from the same notebook start in a fraction of a second.
+        import torch._dynamo  # noqa: F401
+    elif method == "forkserver":
+        from .startmethod import prepare_forkserver
+
+        prepare_forkserver()
+    ctx = multiprocessing.get_context(method)
+    for rank in range(world_size):
+        with interrupts_deferred() as pending:  # a rank forked as Ctrl-C comes is in procs, so it is ended too
+            pipe = logs.pipe_for(rank) if logs is not None else None
+            p = ctx.Process(target=rank_main, args=(rank, spec, payload, pipe), name=f"ddp_helpers-rank{rank}",
+                            daemon=False)
+            p.start()
+            procs.append(p)
+            if logs is not None:
+                logs.sent(rank)
+        if pending:
+            raise KeyboardInterrupt
+    if logs is not None:
+        logs.start()  # only now: a forked rank must not inherit its thread

@@ -50,9 +50,8 @@ def socket_root(temp_dir: Optional[str] = None) -> Optional[str]:
 def _own_multiprocessing_dir() -> None:
     """Give multiprocessing a temp folder with an owner file, instead of the pymp-* it would make for the
     forkserver's socket: a process killed with SIGKILL leaves it behind, and the next launch removes it."""
-    from .folders import MP_DIR_PREFIX, owned_dir
-
-    from .ending import interrupts_deferred
+    from .ending import before_dying, interrupts_deferred
+    from .folders import MP_DIR_PREFIX, owned_dir, remove_own_multiprocessing_dir
 
     config = multiprocessing.process.current_process()._config
     if config.get("tempdir") is not None:
@@ -62,6 +61,7 @@ def _own_multiprocessing_dir() -> None:
         folder = owned_dir(MP_DIR_PREFIX, root)  # what multiprocessing.util.get_temp_dir does, with our folder
         config["tempdir"] = folder
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        before_dying(remove_own_multiprocessing_dir)  # and when a signal ends this process mid-launch
     if pending:
         raise KeyboardInterrupt
 
@@ -71,11 +71,18 @@ def prepare_forkserver() -> None:
     Jupyter kernel, the server and the resource tracker are ended first when the kernel shuts down."""
     from .ending import end_helpers_before_kernel_shutdown
 
-    end_helpers_before_kernel_shutdown()
     _own_multiprocessing_dir()
+    end_helpers_before_kernel_shutdown()
     ctx = multiprocessing.get_context("forkserver")
     os.environ["DDP_HELPERS_LAUNCHER_PID"] = str(os.getpid())  # the server's preload checks it is ours (inherited)
     ctx.set_forkserver_preload([PRELOAD])
+
+
+def forkserver_pid() -> Optional[int]:
+    """The pid of this process's forkserver (None if none runs)."""
+    import multiprocessing.forkserver as fs
+
+    return getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
 
 
 def _in_launching_process() -> bool:

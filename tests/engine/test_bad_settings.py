@@ -69,7 +69,7 @@ if not torch.cuda.is_available():
                                                      else f"{s}={list(k.values())[0]!r}" for s, k in BAD])
 def test_bad_setting_is_refused_before_any_process_starts(setting, kwargs, monkeypatch):
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
     before = len(psutil.Process().children(recursive=True))
     with pytest.raises(ConfigError) as e:
         run_training(SMALL.replace(**kwargs), progress=False)

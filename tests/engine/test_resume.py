@@ -127,7 +127,7 @@ def test_latest_without_a_checkpoint_dir_is_refused_before_any_rank(monkeypatch)
     from ddp_helpers.ranks import launcher as L
 
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
     with pytest.raises(ConfigError) as e:
         run_training(CFG.replace(resume_from="latest"), progress=False)
     assert str(e.value).startswith("TrainConfig.resume_from='latest' is not accepted") and "checkpoint_dir" in str(e.value)

@@ -98,7 +98,7 @@ CASES = {
 def no_ranks(monkeypatch):
     """Records any attempt to start ranks (there must be none)."""
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
     return started
 
 

@@ -22,7 +22,7 @@ SMALL = TrainConfig(dataset="mnist-5k", max_steps=8, threads_per_rank=1)
 
 def test_telemetry_too_large_for_the_kernel_is_refused_before_anything_is_allocated(monkeypatch):
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
     rss = psutil.Process().memory_info().rss
     with pytest.raises(ConfigError, match=r"batch_size=65536 .* telemetry .* over the") as e:
         run_training(SMALL.replace(max_steps=None, batch_size=65536, accumulation_steps=1024, epochs=8),
@@ -52,7 +52,7 @@ def test_an_out_refused_for_room_is_not_left_behind(tmp_path, capfd, monkeypatch
 
 def test_a_checkpoint_folder_without_room_is_refused_before_training(tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
     monkeypatch.setattr(C, "shutil", SimpleNamespace(disk_usage=lambda p: SimpleNamespace(free=150_000)))
     with pytest.raises(ConfigError, match=r"checkpoint_dir=.* 150,000 bytes free .* 4 checkpoint"):
         run_training(SMALL.replace(momentum=0.9, checkpoint_dir=str(tmp_path), checkpoint_every=2), progress=False)

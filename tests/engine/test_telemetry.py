@@ -17,7 +17,7 @@ def result_of(tmp_path):
             info[RankField.T_FIRST], info[RankField.T_END] = first, end
         rows = RunRows(str(tmp_path), len(firsts))
         try:
-            return collect_result(rows, {}, "gloo", "mnist-5k", "test", t_launch, t_done, (), None, 0.0)
+            return collect_result(rows.all_tables(), {}, "gloo", "mnist-5k", "test", t_launch, t_done, (), None, 0.0)
         finally:
             rows.close()
     return make

@@ -59,7 +59,7 @@ def test_a_global_that_cant_be_sent_is_named_before_any_rank_starts(monkeypatch)
 
     lock = threading.Lock()
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
 
     def fn(rank, world_size):
         return lock.locked()

@@ -17,6 +17,7 @@ import torch
 
 from ddp_helpers import TrainConfig, launch, run_training
 from ddp_helpers.ranks import folders as C
+from ddp_helpers.ranks import joining
 from ddp_helpers.ranks import launcher as L
 
 from _procs import ENDS_WITHIN_S, default_signals, describe_and_kill, outliving, wait_for
@@ -83,7 +84,7 @@ def test_an_interrupt_while_the_ranks_start_ends_those_already_running(monkeypat
         interrupted.append(time.monotonic())
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(L, "RankProcesses", interrupted_here)  # what watches them, once all have started
+    monkeypatch.setattr(joining, "RankProcesses", interrupted_here)  # what watches them, once all have started
     with pytest.raises(KeyboardInterrupt):
         launch(_hello, 2, start_method="fork")
     returned = time.monotonic()

@@ -64,7 +64,7 @@ def test_another_user_cant_reach_the_store_of_a_launchs_group():
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
 def test_a_wildcard_address_is_refused_before_any_process_starts(host, monkeypatch):
     started = []
-    monkeypatch.setattr(L, "_start_ranks", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(L, "start_ranks", lambda *a, **k: started.append(1))
     with pytest.raises(ConfigError, match="every interface"):
         launch(lambda r, w: r, 2, host=host)
     with pytest.raises(ConfigError, match=r"TrainConfig\.master_addr=.* every interface"):
