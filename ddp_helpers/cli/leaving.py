@@ -268,7 +268,8 @@ class Leaver:
 
         rows = RunRows(self.run_dir, self.cfg.world_size)
         partial = collect_result(rows.all_tables(), self.cfg.to_dict(), self.backend, self.cfg.dataset, "",
-                                 self.t_launch, time.monotonic(), (), None, peak_rss_bytes(children=False) / 2**20, complete=False)
+                                 self.t_launch, time.monotonic(), (), None, peak_rss_bytes(children=False) / 2**20,
+                                 complete=False)
         return partial, rows.missing()
 
     def _write_partial(self, report: Any) -> None:

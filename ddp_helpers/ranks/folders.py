@@ -1,6 +1,6 @@
 """Run folders: where every rank leaves its outcome, its rows and its log; making them, holding them, telling
-a dead owner's from a live one's (one flock probe: lock_free), removing them and what a dead launch left (`run_folder`: a launch's folder for its
-whole life, made, handed over and removed).
+a dead owner's from a live one's (one flock probe: lock_free), removing them and what a dead launch left
+(`run_folder`: a launch's folder for its whole life, made, handed over and removed).
 
 launch()'s ranks and torchrun's ranks report the same way. Each rank writes:
 - its report, renamed into place (a reader sees none of it or all of it): `report<r>.pkl` for launch()'s ranks

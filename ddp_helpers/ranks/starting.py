@@ -335,9 +335,9 @@ def serve_store(sock: socket.socket, host: str, world_size: int, timeout_s: floa
 
 def start_ranks(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any],
                 logs: Optional[LogKeeper]) -> Tuple[RankProcesses, socket.socket, Optional[TCPStore]]:
-    """Start the plan's ranks on fn(rank, world_size, *args), each appended to procs as it starts (an interrupt between two starts still ends
-    those running) with its end of a pipe for its output (logs); they, the socket bound first (its port is in their
-    environment: the caller closes it) and the store served once they exist (None with init_group)."""
+    """Start the plan's ranks on fn(rank, world_size, *args): the ranks, the socket, the store (None: init_group).
+    Each is appended to procs as it starts (an interrupt between two still ends those running), with its end of a
+    pipe for its output (logs); the socket is bound first (its port is in their environment), the store served last."""
     from .joining import RankProcesses
     from .startmethod import forkserver_pid
 
