@@ -120,6 +120,7 @@ def test_a_temp_dir_another_user_can_change_is_refused_before_any_rank_starts(sh
     assert main(["--dataset", "mnist-5k", "--max-steps", "2", "--no-plots", "--out", str(tmp_path / "out")]) == 2
     assert f"error: TMPDIR='{theirs}' (the temp dir, where a launch's folders go) is not accepted" in capfd.readouterr().err
     assert os.listdir(theirs) == []
+    assert not (tmp_path / "out").exists()  # the --out it probed before the temp dir was judged is removed again
 
 
 @posix_only
