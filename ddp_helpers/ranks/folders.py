@@ -24,7 +24,7 @@ import os
 import shutil
 import stat
 import tempfile
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 from .ending import interrupts_deferred, stop_helpers
 
@@ -81,18 +81,9 @@ def run_folder(given: Optional[str] = None) -> Iterator[str]:
 
 def new_run_dir() -> str:
     """A private run folder for a launch's ranks, marked with its owner; then dead launches' folders removed."""
-    folder = None
-    try:
-        with interrupts_deferred() as pending:  # handed over with the stale ones gone, or removed: no gap between
-            folder = owned_dir(RUN_DIR_PREFIX)  # the temp dir judged as the folder is made, before anything is read
-            remove_stale()  # leaves this live folder alone (its lock is held)
-        if pending:
-            raise KeyboardInterrupt
-        return folder
-    except BaseException:
-        if folder is not None:
-            remove_run_dir(folder)
-        raise
+    # the temp dir judged as the folder is made, before anything there is read; handed over with the stale ones
+    # gone (they leave this live one alone: its lock is held), or removed
+    return owned_dir(RUN_DIR_PREFIX, then=remove_stale)
 
 
 def check_temp_dir(where: Optional[str] = None) -> None:
@@ -111,8 +102,9 @@ def check_temp_dir(where: Optional[str] = None) -> None:
                                              "root's only, before starting Python"))
 
 
-def owned_dir(prefix: str, where: Optional[str] = None) -> str:
-    """A new folder in the temp dir that is live while this process runs (remove_stale leaves it alone).
+def owned_dir(prefix: str, where: Optional[str] = None, then: Optional[Callable[[], None]] = None) -> str:
+    """A new folder in the temp dir that is live while this process runs (remove_stale leaves it alone); then(),
+    if given, runs once it is held, in the same Ctrl-C-deferred step (the folder is handed over, or removed).
 
     Its lock file is locked before it takes its name, so no other process ever sees it unlocked. A lock is the
     kernel's, not a pid: it holds across PID namespaces (containers sharing /tmp see other pids), and it is
@@ -130,6 +122,8 @@ def owned_dir(prefix: str, where: Optional[str] = None) -> str:
             with open(os.path.join(folder, "owner"), "w") as fh:
                 fh.write(f"{os.getpid()} {started}")
             hold(folder)
+            if then is not None:
+                then()
         if pending:
             raise KeyboardInterrupt
         return folder
