@@ -101,29 +101,46 @@ def _launch(plan: LaunchPlan, fn: Callable, args: tuple) -> List[Any]:
     """Start the ranks, watch them, end them; the values, or the failure named, or LaunchInterrupted."""
     world_size, mark = plan.world_size, plan.mark
     procs: List[Any] = []  # each rank as it starts: an interrupt between two starts still ends those running
+    open_ends: List[Callable[[], None]] = []  # _supervise's socket and logs until it closes them itself
     before = PidsBefore()  # what a rank starts is among the processes that appear from now on
     try:
-        outputs = _supervise(plan, fn, args, procs)
+        outputs = _supervise(plan, fn, args, procs, open_ends)
+        # every rank reported: they exit now (in the try: a Ctrl-C on this line, before end_launch defers it,
+        # still ends them and lets go of their fds)
+        late = end_launch(procs, mark, wait_s=10.0, before=before)
     except KeyboardInterrupt:
-        end_launch(procs, mark, wait_s=0.0, before=before)
+        _end(procs, mark, before, open_ends)
         raise LaunchInterrupted(f"stopped; all {world_size} ranks have ended") from None
     except BaseException:
-        end_launch(procs, mark, wait_s=0.0, before=before)  # nothing outlives the call
+        _end(procs, mark, before, open_ends)  # nothing outlives the call
         raise
-    if end_launch(procs, mark, wait_s=10.0, before=before):  # every rank reported: they exit now
+    if late:
         raise LaunchInterrupted(f"stopped as the ranks finished; all {world_size} ranks have ended")
     return outputs
 
 
-def _supervise(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any]) -> List[Any]:
+def _end(procs: List[Any], mark: str, before: PidsBefore, open_ends: List[Callable[[], None]]) -> None:
+    """A launch that failed or was stopped: its ranks ended, then what _supervise had no time to close (a Ctrl-C
+    on the line that was to defer its closing) closed."""
+    end_launch(procs, mark, wait_s=0.0, before=before)
+    with interrupts_deferred():
+        while open_ends:
+            open_ends.pop(0)()
+
+
+def _supervise(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any],
+               open_ends: List[Callable[[], None]]) -> List[Any]:
     """Start the ranks (into procs) and wait for every one, showing what they print; on the first failure end them
-    all (RankProcesses.join) and raise RankFailedError. No fd of it outlives the call, whenever Ctrl-C comes."""
+    all (RankProcesses.join) and raise RankFailedError. No fd of it outlives the call, whenever Ctrl-C comes: what
+    it opens is in open_ends until closed here (the caller closes what is left)."""
     echo = echo_for(plan.run_dir, plan.world_size, plan.quiet)
     logs = keeper_for(log_paths(plan.run_dir, plan.world_size))  # the ranks' output, capped
+    open_ends.extend(filter(None, (logs and logs.close, echo and echo.finish)))  # logs first: the ranks' last words
     ranks = listener = store = None
     late: List[int] = []  # Ctrl-C while the last output is shown: once it is, the launch is interrupted
     try:
         ranks, listener, store = start_ranks(plan, fn, args, procs, logs)
+        open_ends.insert(0, listener.close)
         pollers = list(filter(None, (plan.on_poll, echo and echo.poll)))  # the caller's, then what the ranks printed
         failed = ranks.watch(pollers, plan.poll_s, window_s("SETTLE_S"))
     finally:
@@ -135,6 +152,7 @@ def _supervise(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any]) ->
                 logs.close()  # their last words logged, before the echo's last look
             if echo is not None:
                 echo.finish()  # every line the ranks wrote, before their values or the error
+            open_ends.clear()
     if late:
         raise KeyboardInterrupt
     if failed is None:  # every rank exited with 0: each reported its value, or the first that didn't is blamed

@@ -348,10 +348,10 @@ def start_ranks(plan: LaunchPlan, fn: Callable, args: tuple, procs: List[Any],
         # Only now, after the ranks exist: a forked child must not inherit the store's server thread (it could
         # hold a lock at the moment of the fork, and the child would hang in the rendezvous).
         store = None if plan.init_group else serve_store(listener, plan.host, plan.world_size, plan.timeout_s)
-    except BaseException:
+        return RankProcesses(procs, forkserver_pid() if plan.method == "forkserver" else None), listener, store
+    except BaseException:  # Ctrl-C up to the return included: the caller never holds the socket to close it
         listener.close()
         raise
-    return RankProcesses(procs, forkserver_pid() if plan.method == "forkserver" else None), listener, store
 
 
 def _listen(host: str, port: int, listen: bool) -> socket.socket:

@@ -10,6 +10,7 @@ window of the folders' making) and at random k of a whole run.
 from __future__ import annotations
 
 import glob
+import inspect
 import multiprocessing.process
 import os
 import random
@@ -22,7 +23,7 @@ import pytest
 import ddp_helpers
 from ddp_helpers import run_training
 from ddp_helpers.engine import runner
-from ddp_helpers.ranks import folders, starting, startmethod
+from ddp_helpers.ranks import ending, folders, joining, launcher, starting, startmethod
 from ddp_helpers.ranks.launcher import LaunchInterrupted
 
 PACKAGE = os.path.dirname(os.path.abspath(ddp_helpers.__file__))
@@ -132,6 +133,57 @@ def test_no_socket_survives_an_interrupt_while_the_store_socket_is_made(monkeypa
         except KeyboardInterrupt as e:
             monkeypatch.setattr(sys, "last_value", e, raising=False)  # held, as a notebook holds its last error
         assert _fds() == before, f"interrupted at line {k} of {counting.lines}"
+
+
+def _rank_value(rank, world_size):
+    return rank
+
+
+def _line_of(function, text: str) -> int:
+    """The line number of the first line of function holding text."""
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.parametrize("where, when", [
+    ("ending.end_launch", lambda f: f.f_locals.get("wait_s") == 10.0),  # once every rank reported
+    ("joining.RankProcesses.__init__", lambda f: True),  # as the started ranks are handed to their watch
+    ("launcher._supervise",  # the line that defers Ctrl-C while the socket and the logs are closed
+     lambda f: f.f_lineno == _line_of(launcher._supervise, "with interrupts_deferred() as late")),
+])
+def test_an_interrupt_at_a_launchs_seams_leaves_no_fd(where, when, monkeypatch):
+    """Ctrl-C on a line between two of a launch's deferred steps (found by the twenty interrupts below, at line
+    counts the load made): LaunchInterrupted, the ranks ended and their fds, logs and socket let go."""
+    from ddp_helpers import launch
+
+    module, *names = where.split(".")
+    code = {"ending": ending, "joining": joining, "launcher": launcher}[module]
+    for name in names:
+        code = getattr(code, name)
+    code = code.__code__
+    launch(_rank_value, 2)  # the forkserver up: the fds it keeps are there before
+    before = _fds()
+
+    def at_the_line(frame, event, arg):
+        if event == "line" and when(frame):
+            sys.settrace(None)
+            frame.f_trace = None
+            os.kill(os.getpid(), signal.SIGINT)  # raised at this line, as Ctrl-C would be
+            return None
+        return at_the_line
+
+    sys.settrace(lambda frame, event, arg: at_the_line if frame.f_code is code else None)
+    try:
+        launch(_rank_value, 2)
+    except LaunchInterrupted as e:
+        monkeypatch.setattr(sys, "last_value", e, raising=False)  # held, as a notebook holds its last error
+    except KeyboardInterrupt as e:  # noqa: B014 - the bare one is the finding
+        pytest.fail(f"a bare {type(e).__name__}: {e!r}")
+    else:
+        pytest.fail("the launch was not interrupted")
+    finally:
+        sys.settrace(None)
+    assert _fds() == before
 
 
 def _interrupted_run(cfg, k):
