@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -37,13 +38,18 @@ def cpu_quota(cgroup_file: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/cg
     return min(limits) if limits else None
 
 
+def _text(path: str) -> str:
+    """A small file's text, opened, read and closed in one call: a Ctrl-C on a `with open(...)` line, after the
+    open and before the block, would leave the file open (held by the notebook's last traceback)."""
+    return pathlib.Path(path).read_text()
+
+
 def cgroup_limits(controller: str, read_v2: Callable[[str], Any], read_v1: Callable[[str], Any],
                   cgroup_file: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/cgroup") -> List[Any]:
     """What read_v2 (cgroup v2's tree) or read_v1 (v1's `controller` tree) finds, not None, in the folder of this
     process's cgroup and each parent: the one walk of the cgroup tree (for the CPU quota and the pids room)."""
     try:
-        with open(cgroup_file) as f:
-            lines = f.read().splitlines()
+        lines = _text(cgroup_file).splitlines()
     except OSError:
         return []
     found: List[Any] = []
@@ -78,8 +84,7 @@ def _walk_limits(mount: str, path: str, read: Callable[[str], Any]) -> List[Any]
 
 def _read_cpu_max(d: str) -> Optional[float]:
     try:
-        with open(os.path.join(d, "cpu.max")) as f:
-            quota, period = (f.read().split() + ["100000"])[:2]
+        quota, period = (_text(os.path.join(d, "cpu.max")).split() + ["100000"])[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError, ZeroDivisionError):
         return None
@@ -87,10 +92,8 @@ def _read_cpu_max(d: str) -> Optional[float]:
 
 def _read_cfs_quota(d: str) -> Optional[float]:
     try:
-        with open(os.path.join(d, "cpu.cfs_quota_us")) as f:
-            quota = int(f.read())
-        with open(os.path.join(d, "cpu.cfs_period_us")) as f:
-            period = int(f.read())
+        quota = int(_text(os.path.join(d, "cpu.cfs_quota_us")))
+        period = int(_text(os.path.join(d, "cpu.cfs_period_us")))
         return None if quota <= 0 or period <= 0 else quota / period
     except (OSError, ValueError):
         return None
@@ -107,8 +110,7 @@ def _read_pids_room(folder: str) -> Optional[Tuple[int, str]]:
 
 def _read_int(path: str) -> Optional[int]:
     try:
-        with open(path) as f:
-            text = f.read().strip()
+        text = _text(path).strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None  # "max": no limit
@@ -181,8 +183,7 @@ def leaving() -> List[int]:
 def _stat_fields(pid: str) -> List[str]:
     """/proc/<pid>/stat's fields after the command's name (state, ppid, pgrp, ..., flags at [6])."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].decode().split()
+        return pathlib.Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].decode().split()
     except (OSError, IndexError):
         return []
 
