@@ -2,17 +2,28 @@
 
 A message names each setting with a `Setting` (formatted into it as marked text), so that it can be said in two
 words: Python's (`TrainConfig.resume_from=None`, str(error)) in a notebook, the flags' (`--resume-from`) on the
-command line (cli/words.py). Nothing reads setting names back out of prose.
+command line (cli/words.py). Nothing reads setting names back out of prose. Lists are said one way (`listed`).
 """
 from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Callable, List, Union
+from typing import Any, Callable, List, Sequence, Union
 
 # Private-use characters around a setting inside a message (a repr escapes them, so a value never holds one).
 _OPEN, _SEP, _CLOSE = "\ue000", "\ue001", "\ue002"
 NAME_ONLY = "<name only>"  # a Setting's value when the message names the setting, not a value of it
+
+
+def listed(words: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """'rank 0', 'ranks 0 and 1', 'ranks 0, 1 and 2'."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + listed([str(r) for r in ranks])
 
 
 def one_line(text: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..common.errors import ranks_text
 from ._compare import close
 from ._harness import Verdict, fail, student_outcomes
 from ._watch import unwaited
@@ -237,10 +238,6 @@ WHAT = {"broadcast": "copies one rank's tensor (src) to every rank, and sums not
         "monitored_barrier": "only waits until every rank has reached it; it sends no gradient"}
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
 def other_collective_verdict(name: str, after: List[List[Any]], local: List[List[Any]]) -> Verdict:
     """The verdict for a collective used where all_reduce belongs: what it does, and what every rank held.
 
@@ -260,7 +257,7 @@ def other_collective_verdict(name: str, after: List[List[Any]], local: List[List
     else:
         right = holding(lambda i: mean[i]) or holding(lambda i: mean[i] * world_size)
         if right:
-            seen = f" After it only {_ranks(right)} held the sum (or the mean); the others did not."
+            seen = f" After it only {ranks_text(right)} held the sum (or the mean); the others did not."
     return fail("not_all_reduce", f"no all_reduce was called: you called dist.{name}, which "
                                   f"{WHAT.get(name, 'is not an all_reduce')}.{seen} all_reduce leaves the sum on "
                                   "every rank; then divide by the world size.")

@@ -12,8 +12,10 @@ import signal
 import stat
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..common.errors import ranks_text
 from ..common.files import atomic_write, private_dir_problem
 from .folders import log_path, report_path
 
@@ -30,20 +32,14 @@ _CPP_COMM_SOURCES = re.compile(r"(third_party/gloo/|/gloo/transport/|/c10d/|Proc
 
 def write_report(run_dir: str, rank: int, report: Any) -> None:
     """Leave `report` (any picklable object) as this rank's outcome, renamed into place."""
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            pickle.dump(report, fh)
-    atomic_write(report_path(run_dir, rank), write)
+    data = pickle.dumps(report)
+    atomic_write(report_path(run_dir, rank), lambda tmp: Path(tmp).write_bytes(data))
 
 
 def write_report_data(run_dir: str, rank: int, data: Dict[str, Any]) -> None:
     """Leave `data` (JSON: strings, numbers, booleans) as this rank's outcome, renamed into place."""
     text = json.dumps(data)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-    atomic_write(report_path(run_dir, rank, as_json=True), write)
+    atomic_write(report_path(run_dir, rank, as_json=True), lambda tmp: Path(tmp).write_text(text))
 
 
 def read_reports(run_dir: str, world_size: int) -> Dict[int, Any]:
@@ -316,15 +312,22 @@ def diagnose(reports: Dict[int, Report], run_dir: str, world_size: int, first: O
     own = sorted(r for r, rep in errors.items() if not rep.in_collective)
     silent = [r for r in range(world_size) if r not in reports]
     if not own and silent:
-        r = silent[0]
-        what = ("stopped responding: the other ranks timed out waiting for it in a collective (a hang, a deadlock, "
-                "or a rank that skipped a collective); it was then terminated (see notebook 13, "
-                "#7-timed-out-waiting-for-recv-operation-the-nccl-watchdog-timeout)") if codes is not None else \
-            ("reported nothing while the others failed in a collective with it: it was killed, or it hung or "
-             "skipped a collective")
-        return RankFailedError(r, what, log_tail=log_tail(run_dir, r), others=others)
+        return RankFailedError(silent[0], _unresponsive(silent, launched=codes is not None),
+                               log_tail=log_tail(run_dir, silent[0]), others=others)
     r = own[0] if own else min(errors)  # the lowest rank, not the first in time: the same answer on every run
     return _raised(r, errors[r], others)
+
+
+def _unresponsive(silent: List[int], launched: bool) -> str:
+    """Why the ranks with no report are blamed: the lowest is named, every other one with it."""
+    also = ranks_text(silent[1:]) if len(silent) > 1 else ""
+    it, was = ("them", "they were") if also else ("it", "it was")
+    if not launched:  # a torchrun rank knows only what the run folder holds
+        return (f"reported nothing{', nor did ' + also if also else ''} while the others failed in a collective "
+                f"with {it}: {was} killed, or hung or skipped a collective")
+    return (f"stopped responding{', as did ' + also if also else ''}: the other ranks timed out waiting for {it} "
+            f"in a collective (a hang, a deadlock, or a rank that skipped a collective); {was} then terminated "
+            "(see notebook 13, #7-timed-out-waiting-for-recv-operation-the-nccl-watchdog-timeout)")
 
 
 def _raised(rank: int, rep: Report, others: List[str]) -> RankFailedError:

@@ -2,6 +2,7 @@
 measured from the failure itself (the ranks' rows carry CLOCK_MONOTONIC: one clock for every process here)."""
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from ddp_helpers import RankFailedError, TrainConfig, launch, run_training
 from ddp_helpers.common.errors import ConfigError
 from ddp_helpers.engine.faults import InjectedFault
 from ddp_helpers.ranks.checks import free_port
+from ddp_helpers.ranks.reports import Report, diagnose
 
 from _procs import running
 
@@ -120,6 +122,42 @@ def test_stuck_rank_is_named_after_the_collective_timeout():
     assert raised - _last_row_end(partial.ranks[0]) >= 2, "named before timeout_s ran out"
     took = raised - _last_row_end(partial.ranks[1])
     assert took < 2 + DETECT_S, f"run_training raised {took:.1f} s after rank 1 hung (timeout_s=2)"
+
+
+def _some_ranks_never_arrive(rank: int, world_size: int, asleep: int):
+    if 0 < rank <= asleep:
+        time.sleep(300)  # busy elsewhere: never reaches the barrier (the launcher ends it)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=True)
+    return rank
+
+
+@pytest.mark.parametrize("asleep", [1, 2])
+def test_every_rank_the_others_waited_for_is_named(asleep):
+    # rank 0's own error names the ranks that never came; the launcher's diagnosis names each of them too
+    with pytest.raises(RankFailedError) as e:
+        launch(_some_ranks_never_arrive, 3, args=(asleep,), threads_per_rank=1, quiet=True)
+    missing = list(range(1, asleep + 1))
+    said = next(t for t in [e.value.message, *e.value.others] if "monitoredBarrier" in t)
+    assert f"Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier" in said
+    assert e.value.rank == 1 and e.value.message.startswith("stopped responding")
+    assert ("as did rank 2" in e.value.message) == (asleep == 2)
+    assert ("waiting for them" if asleep == 2 else "waiting for it") in e.value.message
+
+
+@pytest.mark.parametrize("launched", [True, False])
+@pytest.mark.parametrize("silent", [[1], [1, 3], [1, 2, 3]])
+def test_the_diagnosis_names_every_silent_rank(tmp_path, silent, launched):
+    # rank 0 timed out in a collective; the others reported nothing (launch knows their exit codes, a torchrun
+    # rank only the run folder)
+    timed_out = Report(False, text="DistBackendError: timed out", in_collective=True)
+    reports = {r: timed_out for r in range(4) if r not in silent}
+    codes = [1 if r in reports else -15 for r in range(4)] if launched else None
+    err = diagnose(reports, str(tmp_path), 4, first=0, codes=codes)
+    also = {1: "", 2: " rank 3", 3: " ranks 2 and 3"}[len(silent)]
+    expected = (f"stopped responding{', as did' + also if also else ''}:" if launched
+                else f"reported nothing{', nor did' + also if also else ''} while")
+    assert err.rank == 1 and err.message.startswith(expected), err.message
+    assert ("them" in err.message) == (len(silent) > 1)
 
 
 @pytest.mark.slow

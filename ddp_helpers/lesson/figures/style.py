@@ -14,6 +14,8 @@ from typing import Any, Dict, Sequence, Tuple
 import numpy as np
 from matplotlib.figure import Figure
 
+from ...common.errors import listed, ranks_text  # noqa: F401 - the figures' words for lists
+
 
 RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
@@ -85,20 +87,6 @@ class Plot(Figure):
         # IPython's inline backend may draw the PNG itself (its Figure formatter outranks a bundle's PNG); the
         # metadata and the text/plain given here stay either way.
         return {"image/png": figure_png(self), "text/plain": self.alt}, {"image/png": {"alt": self.alt}}
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """'rank 0', 'ranks 0 and 1', 'ranks 0, 1 and 2'."""
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
-
-
-def listed(words: Sequence[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    words = list(words)
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
 
 
 BUCKET_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
