@@ -145,8 +145,8 @@ def test_compiled_overlap_one_graph_starts_every_all_reduce_after_the_whole_back
 
 def test_compiled_overlap_says_how_many_all_reduces_start_during_backward():
     d, _, _ = _compiled([1, 2, 2, 1], [2, 2, 2])
-    assert "split: 4 graph piece(s) (1, 2, 2 and 1 layers), 3 bucket(s), 2 of their all-reduces" in d.alt
-    assert "one graph: 1 graph piece(s) (6 layers), 3 bucket(s), 0 of their all-reduces" in d.alt
+    assert "split: pieces of 1, 2, 2 and 1 layers, buckets of 2, 2 and 2; 2 of the 3 all-reduces start" in d.alt
+    assert "one graph: pieces of 6 layers, buckets of 2, 2 and 2; 0 of the 3 all-reduces start" in d.alt
     labels = [t.get_text() for t in d.figure.axes[0].texts]
     assert {"5", "3-4", "1-2", "0", "4-5", "2-3", "0-1"} <= set(labels)  # each block names its layers
 

@@ -254,8 +254,9 @@ def _compiled_alt(settings: Dict[str, tuple], drawn: Dict[str, tuple], sends: Di
         runs, _ = drawn[title]
         bwd_end = runs[-1][1]
         early = sum(start < bwd_end for start, _ in sends[title])
-        parts.append(f"{' '.join(title.split())}: {len(pieces)} graph piece(s) ({listed([str(n) for n in pieces])} "
-                     f"layers), {len(buckets)} bucket(s), {early} of their all-reduces starting before backward ends")
+        parts.append(f"{' '.join(title.split())}: pieces of {listed([str(n) for n in pieces])} layers, buckets of "
+                     f"{listed([str(n) for n in buckets])}; {early} of the {len(buckets)} all-reduces start before "
+                     "backward ends")
     return ("Schematic, not measured: for each setting a lane of backward, the compiled graph pieces' backward run "
             "last piece first, and a lane of DDP's bucket all-reduces, one at a time, each starting once the piece "
             "that holds its gradients has run, so with one graph every all-reduce waits for the whole backward. "
