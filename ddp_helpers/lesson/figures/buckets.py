@@ -1,5 +1,6 @@
 """Gradients synchronized during backward: which parameters' all-reduces overlap the rest of
-backward, per gradient or per bucket (notebooks 0, 3b and 7), and each rank's bucket timeline.
+backward, per gradient or per bucket (notebooks 0, 3b and 7) or per compiled graph piece (notebook 11), and
+each rank's bucket timeline.
 
 Built without pyplot, so a notebook shows each figure once (as the cell's value).
 """
@@ -179,13 +180,12 @@ def _layer_text(start: int, size: int) -> str:
 
 
 def compiled_backward(pieces: Sequence[int], buckets: Sequence[int]) -> tuple:
-    """When a compiled model's backward runs each graph piece and when each DDP bucket's gradients are ready.
+    """((start, end) of each graph piece's backward, last piece first; when each bucket is ready, in send order).
 
-    pieces, buckets: the layers of each graph piece and of each DDP bucket, in forward order (as the notebook
-    records them). Backward runs the pieces last first, each taking one unit per layer; a piece's gradients are
-    ready when its whole backward has run (it is one autograd node), so a bucket is ready once the piece that
-    holds its first layer has run. Returns ((start, end) per piece in backward order, ready time per bucket in
-    the order DDP sends them: last layers first)."""
+    pieces, buckets: the layers of each graph piece and of each DDP bucket, in forward order; one time unit a layer.
+    """
+    # A compiled piece is one autograd node: its gradients are ready only once its whole backward has run, so a
+    # bucket is ready when the piece holding its first layer (the last one backward reaches) has run.
     pieces, buckets = list(pieces), list(buckets)
     if not pieces or min(pieces + buckets) <= 0 or sum(pieces) != sum(buckets):
         raise ValueError("compiled_backward: pieces and buckets must each split the same layers into groups of at "
@@ -199,12 +199,10 @@ def compiled_backward(pieces: Sequence[int], buckets: Sequence[int]) -> tuple:
 
 
 def draw_compiled_overlap(settings: Dict[str, tuple], comm_per_compute: float = 1.0) -> Diagram:
-    """Schematic, one panel per setting: a compiled DDP model's backward piece by piece, and DDP's buckets'
-    all-reduces, each started once its gradients are ready (notebook 11).
+    """Schematic per setting: a compiled DDP model's backward piece by piece, each bucket's all-reduce once ready.
 
-    settings: title -> (layers per graph piece, layers per DDP bucket), both in forward order, as GraphCounter
-    and `_get_ddp_logging_data()` give them (one piece: `optimize_ddp=False`'s one graph). A piece's backward
-    takes one unit per layer, an all-reduce comm_per_compute units per layer: not measured times.
+    settings: title -> (layers per graph piece, layers per DDP bucket), in forward order, as notebook 11 records them
+    (one piece: `optimize_ddp=False`'s one graph); an all-reduce takes comm_per_compute times a layer's backward.
     """
     if not settings:
         raise ValueError("draw_compiled_overlap: give at least one setting, {title: (pieces, buckets)}")
