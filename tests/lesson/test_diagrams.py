@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 import torch.distributed as dist
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from ddp_helpers import launch
-from ddp_helpers.lesson.figures.buckets import draw_bucket_overlap, draw_hook_overlap
+from ddp_helpers.lesson.figures.buckets import draw_bucket_overlap, draw_compiled_overlap, draw_hook_overlap
 from ddp_helpers.lesson.figures.checkpoints import draw_resume
 from ddp_helpers.lesson.figures.collectives import draw_ring, ring_received
 from ddp_helpers.lesson.figures.memory import draw_holdings
@@ -94,6 +95,66 @@ def test_hook_overlap_sends_each_gradient_alone_and_leaves_only_the_first_layers
 def test_bucket_overlap_refuses_buckets_that_miss_a_parameter():
     with pytest.raises(ValueError, match="every parameter index once"):
         draw_bucket_overlap([1, 2, 3], [[2, 1]])
+
+
+def _lanes(ax) -> dict:
+    """A panel's bars as drawn: lane name (its y tick) -> each bar's (start, end), in time order."""
+    names = {round(y, 3): t.get_text() for y, t in zip(ax.get_yticks(), ax.get_yticklabels())}
+    lanes: dict = {name: [] for name in names.values()}
+    for bars in ax.collections:
+        if isinstance(bars, PolyCollection):
+            for path in bars.get_paths():
+                xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+                lanes[names[round((ys.min() + ys.max()) / 2, 3)]].append((xs.min(), xs.max()))
+    return {name: sorted(spans) for name, spans in lanes.items()}
+
+
+def _compiled(pieces, buckets, comm_per_compute=0.5) -> tuple:
+    d = draw_compiled_overlap({"split": (pieces, buckets), "one graph": ([sum(pieces)], buckets)}, comm_per_compute)
+    split, one = (_lanes(ax) for ax in d.figure.axes)
+    return d, split, one
+
+
+@pytest.mark.parametrize("pieces, buckets", [([1, 1, 1, 1], [1, 1, 1, 1]), ([5, 1], [5, 1]), ([1, 2, 2, 1], [2, 2, 2])])
+def test_compiled_overlap_draws_a_block_per_piece_and_an_all_reduce_per_bucket(pieces, buckets):
+    _, split, one = _compiled(pieces, buckets)
+    assert len(split["backward"]) == len(pieces) and len(one["backward"]) == 1
+    assert len(split["all-reduces"]) == len(one["all-reduces"]) == len(buckets)
+    # backward runs the pieces last first: the first block drawn is the last piece, as long as its layers
+    assert split["backward"][0][1] - split["backward"][0][0] == pytest.approx(pieces[-1])
+
+
+def test_compiled_overlap_starts_each_all_reduce_when_the_piece_holding_its_bucket_has_run():
+    pieces, buckets = [1, 2, 2, 1], [2, 2, 2]  # layers 0 | 1-2 | 3-4 | 5 against buckets 0-1 | 2-3 | 4-5
+    _, split, _ = _compiled(pieces, buckets, comm_per_compute=0.25)
+    piece_ends = [end for _, end in split["backward"]]  # pieces 5, 3-4, 1-2, 0
+    starts = [start for start, _ in split["all-reduces"]]  # buckets 4-5, 2-3, 0-1
+    # bucket 4-5 needs layer 4, of piece 3-4; bucket 2-3 needs layer 2, of piece 1-2; bucket 0-1 the last piece
+    assert starts == pytest.approx([piece_ends[1], piece_ends[2], piece_ends[3]])
+    assert starts[0] < piece_ends[-1]  # overlaps the backward still running
+
+
+def test_compiled_overlap_one_graph_starts_every_all_reduce_after_the_whole_backward():
+    _, split, one = _compiled([1, 1, 1], [1, 1, 1], comm_per_compute=0.5)
+    (bwd_start, bwd_end), = one["backward"]
+    assert one["all-reduces"][0][0] == pytest.approx(bwd_end) and all(s >= bwd_end for s, _ in one["all-reduces"])
+    # split: each all-reduce starts as its own piece's backward ends, all but the last before backward ends
+    assert [s for s, _ in split["all-reduces"]] == pytest.approx([e for _, e in split["backward"]])
+    assert one["all-reduces"][-1][1] > split["all-reduces"][-1][1]  # one graph: the step waits longer
+
+
+def test_compiled_overlap_says_how_many_all_reduces_start_during_backward():
+    d, _, _ = _compiled([1, 2, 2, 1], [2, 2, 2])
+    assert "split: pieces of 1, 2, 2 and 1 layers, buckets of 2, 2 and 2; 2 of the 3 all-reduces start" in d.alt
+    assert "one graph: pieces of 6 layers, buckets of 2, 2 and 2; 0 of the 3 all-reduces start" in d.alt
+    labels = [t.get_text() for t in d.figure.axes[0].texts]
+    assert {"5", "3-4", "1-2", "0", "4-5", "2-3", "0-1"} <= set(labels)  # each block names its layers
+
+
+@pytest.mark.parametrize("pieces, buckets", [([5, 1], [5]), ([], []), ([2, 0], [1, 1])])
+def test_compiled_overlap_refuses_pieces_and_buckets_of_other_layers(pieces, buckets):
+    with pytest.raises(ValueError, match="the same total"):
+        draw_compiled_overlap({"x": (pieces, buckets)})
 
 
 def _join_logs():

@@ -109,7 +109,7 @@ def test_every_plot_says_what_it_shows_in_the_outputs_metadata_as_a_diagram_does
         "strip": (plot_shard_strip({"e0": [[0, 2, 4], [1, 3, 5]]}, 6), ["rank 0 reads 3 and rank 1 reads 3"]),
         "curves": (plot_loss_curves({"W=1": {"loss": [3.0, 2.0], "global_batch": 64}}, title="Batch"),
                    ["Batch.", "W=1 (global batch 64, 2 steps)"]),
-        "gaps": (plot_loss_gaps({"fp32": [3.0, 2.0], "bf16": [3.0, 2.1]}, "fp32"), ["bf16", "fp32 run dashed"]),
+        "gaps": (plot_loss_gaps({"fp32": [3.0, 2.0], "bf16": [3.0, 2.1]}, "fp32"), ["bf16", "fp32 loss dashed"]),
         "buffers": (plot_buffer_sync({"sync on": [same, same]}), ["sync on: every rank's forward receives the same"]),
         "steps": (plot_rank_steps({"Join": [["trained"] * 3, ["trained", "trained", "shadowed"]]}),
                   ["rank 0: trains on its own batch (3)", "rank 1: trains on its own batch (2) and joined (1)"]),

@@ -9,7 +9,8 @@ from ...common.lazy import lazy_exports
 
 _EXPORTS = {
     "draw_ddp_backward": "backward",
-    "draw_bucket_overlap": "buckets", "draw_hook_overlap": "buckets", "plot_timeline": "buckets",
+    "draw_bucket_overlap": "buckets", "draw_compiled_overlap": "buckets", "draw_hook_overlap": "buckets",
+    "plot_timeline": "buckets",
     "plot_buffer_sync": "buffers",
     "draw_resume": "checkpoints",
     "draw_collective": "collectives", "draw_ring": "collectives",

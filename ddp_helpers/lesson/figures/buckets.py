@@ -1,5 +1,6 @@
 """Gradients synchronized during backward: which parameters' all-reduces overlap the rest of
-backward, per gradient or per bucket (notebooks 0, 3b and 7), and each rank's bucket timeline.
+backward, per gradient or per bucket (notebooks 0, 3b and 7) or per compiled graph piece (notebook 11), and
+each rank's bucket timeline.
 
 Built without pyplot, so a notebook shows each figure once (as the cell's value).
 """
@@ -21,19 +22,19 @@ SEND_COLORS = tuple(c for c in BUCKET_COLORS if c != "#7f7f7f")  # grey is backw
 
 def _bucket_rows(ax: Any, y: float, buckets: Sequence[Sequence[int]], ready: Sequence[float],
                  param_bytes: Sequence[int], rate: float, names: Optional[Sequence[str]] = None,
-                 colors: Optional[Sequence[str]] = None) -> list:
+                 colors: Optional[Sequence[str]] = None, labels: Optional[Sequence[str]] = None) -> list:
     """Draw the all-reduces of buckets (one lane, one after the other) from their ready times; each one's
     (start, end).
     A single bucket is the one all-reduce of everything: it is labelled so, not numbered; with names (one
     gradient per bucket) every send is labelled with its layer, slivers below the bar. colors: each bucket's
-    (default: one per bucket, in turn)."""
+    (default: one per bucket, in turn); labels: each bucket's text (default: its number)."""
     free, spans, sends = 0.0, [], []
     for i, (b, t) in enumerate(zip(buckets, ready)):
         start = max(t, free)  # one communication channel: a bucket waits for the one before it
         length = sum(param_bytes[p] for p in b) * rate
         color = colors[i] if colors is not None else SEND_COLORS[i % len(SEND_COLORS)]
         ax.broken_barh([(start, length)], (y - 0.3, 0.6), color=color)
-        label = f"all {len(b)} gradients" if len(buckets) == 1 else f"{i}"
+        label = labels[i] if labels is not None else f"all {len(b)} gradients" if len(buckets) == 1 else f"{i}"
         if names is not None and len(buckets) > 1:
             spans.append((names[b[0]], start, start + length))
         elif length > 0.025:  # a number on a sliver would run into its neighbours'
@@ -171,6 +172,93 @@ def _overlap_alt(n_params: int, sends: Sequence[tuple], first: Optional[Sequence
     return (f"Schematic of one backward pass, twice. Top: backward computes all {n_params} gradients, last layer "
             "first, and only then one all-reduce sends them all, so the whole transfer adds to the step. " + bottom
             + f"go on sooner ({share:.0%} of the time of the top row in this schematic).")
+
+
+def _layer_text(start: int, size: int) -> str:
+    """Layers start .. start + size - 1, in forward order: '5' or '3-4'."""
+    return f"{start}" if size == 1 else f"{start}-{start + size - 1}"
+
+
+def compiled_backward(pieces: Sequence[int], buckets: Sequence[int]) -> tuple:
+    """((start, end) of each graph piece's backward, last piece first; when each bucket is ready, in send order).
+
+    pieces, buckets: the layers of each graph piece and of each DDP bucket, in forward order; one time unit a layer.
+    """
+    # A compiled piece is one autograd node: its gradients are ready only once its whole backward has run, so a
+    # bucket is ready when the piece holding its first layer (the last one backward reaches) has run.
+    pieces, buckets = list(pieces), list(buckets)
+    if not pieces or min(pieces + buckets) <= 0 or sum(pieces) != sum(buckets):
+        raise ValueError("compiled_backward: pieces and buckets must each split the same layers into groups of at "
+                         f"least one layer (the same total), in forward order; got pieces {pieces}, buckets {buckets}")
+    total = sum(pieces)
+    starts = [sum(pieces[:i]) for i in range(len(pieces))]
+    runs = [(total - s - n, total - s) for s, n in zip(starts, pieces)][::-1]  # the last piece runs first
+    piece_end = {layer: total - s for s, n in zip(starts, pieces) for layer in range(s, s + n)}
+    ready = [piece_end[sum(buckets[:j])] for j in range(len(buckets))][::-1]
+    return runs, ready
+
+
+def draw_compiled_overlap(settings: Dict[str, tuple], comm_per_compute: float = 1.0) -> Diagram:
+    """Schematic per setting: a compiled DDP model's backward piece by piece, each bucket's all-reduce once ready.
+
+    settings: title -> (layers per graph piece, layers per DDP bucket), in forward order, as notebook 11 records them
+    (one piece: `optimize_ddp=False`'s one graph); an all-reduce takes comm_per_compute times a layer's backward.
+    """
+    if not settings:
+        raise ValueError("draw_compiled_overlap: give at least one setting, {title: (pieces, buckets)}")
+    drawn = {title: compiled_backward(pieces, buckets) for title, (pieces, buckets) in settings.items()}
+    fig = Figure(figsize=(8, 0.9 + 1.15 * len(settings)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(settings), 1, squeeze=False, sharex=True)[:, 0]
+    total = max(sum(pieces) for pieces, _ in settings.values())
+    sends = {}
+    for ax, (title, (pieces, buckets)) in zip(axes, settings.items()):
+        runs, ready = drawn[title]
+        sends[title] = _compiled_panel(ax, title, list(pieces), list(buckets), runs, ready, comm_per_compute)
+    axes[-1].set_xlim(-0.02 * total, (1 + comm_per_compute) * total * 1.2)  # room for "step can go on"
+    axes[-1].set_xlabel("time (schematic, not measured: a piece's backward in proportion to its layers, an "
+                        "all-reduce to its bucket's)", fontsize=8)
+    fig.legend([Patch(color="#7f7f7f"), Patch(color=SEND_COLORS[0])],
+               ["a graph piece's backward (its Linear layers, numbered in forward order)",
+                "a DDP bucket's all-reduce (its layers), started once the piece holding its gradients has run"],
+               loc="outside lower center", ncols=1, fontsize=7, frameon=False)
+    return Diagram(fig, _compiled_alt(settings, drawn, sends))
+
+
+def _compiled_panel(ax: Any, title: str, pieces: list, buckets: list, runs: list, ready: list,
+                    comm_per_compute: float) -> list:
+    """One setting's lanes: the pieces' backward (y=1) and the buckets' all-reduces (y=0); the sends' (start, end)."""
+    starts = [sum(pieces[:i]) for i in range(len(pieces))][::-1]  # backward order, as runs
+    for (a, b), first in zip(runs, starts):
+        ax.broken_barh([(a, b - a)], (0.7, 0.6), facecolor="#7f7f7f", edgecolor="white")
+        ax.text((a + b) / 2, 1.0, _layer_text(first, b - a), ha="center", va="center", fontsize=8, color="white")
+    order = list(range(len(buckets)))[::-1]  # DDP sends the last layers' bucket first
+    labels = [_layer_text(sum(buckets[:j]), buckets[j]) for j in order]
+    sends = _bucket_rows(ax, 0.0, [[i] for i in range(len(order))], ready, [buckets[j] for j in order],
+                         comm_per_compute, labels=labels)
+    end = sends[-1][1]
+    ax.plot([end, end], [-0.4, 1.4], color="black", ls="--", lw=0.8)
+    ax.text(end, 1.35, " step can go on", fontsize=7, va="top")
+    ax.set_yticks([1.0, 0.0], ["backward", "all-reduces"], fontsize=8)
+    ax.set_ylim(-0.5, 1.5)
+    ax.set_xticks([])
+    ax.set_title(title, fontsize=9, loc="left")
+    return sends
+
+
+def _compiled_alt(settings: Dict[str, tuple], drawn: Dict[str, tuple], sends: Dict[str, list]) -> str:
+    """draw_compiled_overlap's alt text: per setting, its pieces, its buckets and how many all-reduces overlap."""
+    parts = []
+    for title, (pieces, buckets) in settings.items():
+        runs, _ = drawn[title]
+        bwd_end = runs[-1][1]
+        early = sum(start < bwd_end for start, _ in sends[title])
+        parts.append(f"{' '.join(title.split())}: pieces of {listed([str(n) for n in pieces])} layers, buckets of "
+                     f"{listed([str(n) for n in buckets])}; {early} of the {len(buckets)} all-reduces start before "
+                     "backward ends")
+    return ("Schematic, not measured: for each setting a lane of backward, the compiled graph pieces' backward run "
+            "last piece first, and a lane of DDP's bucket all-reduces, one at a time, each starting once the piece "
+            "that holds its gradients has run, so with one graph every all-reduce waits for the whole backward. "
+            + "; ".join(parts) + ".")
 
 
 # Where a rank's backward() returned: black, one line style per rank, so no rank line takes a bucket's colour.

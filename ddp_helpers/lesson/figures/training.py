@@ -205,8 +205,8 @@ def plot_loss_curves(curves: Dict[str, dict], smooth: int = 1, title: Optional[s
 
 
 def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Optional[str] = None) -> Plot:
-    """Top: each run's loss per step (the reference on top, black dashed with markers); below: each other run's
-    loss minus the reference run's, per step.
+    """Top: each run's (or rank's) loss per step (the reference on top, black dashed with markers); below: each
+    other one's loss minus the reference's, per step.
 
     Runs that agree closely draw one line at the top; the lower panel shows how far apart they are (0: the
     same number at that step), so "close, not bitwise" can be seen. losses: label -> per-step losses.
@@ -230,7 +230,7 @@ def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Op
                     label=f"{label} - {reference}")
     ax_gap.axhline(0.0, color="black", lw=1.2, ls="--", label=f"{reference} (0)", zorder=5)
     ax_loss.set(xlabel="optimizer steps", ylabel="training loss")
-    ax_gap.set(xlabel="optimizer steps", ylabel=f"loss minus the {reference} run's loss")
+    ax_gap.set(xlabel="optimizer steps", ylabel=f"loss minus the {reference} loss")
     for ax in (ax_loss, ax_gap):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -239,5 +239,5 @@ def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Op
     others = [label for label in losses if label != reference]
     return fig.describe(
         _titled(title) + f"Two stacked line charts over {len(ref)} optimizer steps. Top, the "
-        f"training loss of each run ({listed(others)}) with the {reference} run dashed black on top; below, each "
-        f"run's loss minus the {reference} run's at each step, with zero dashed.")
+        f"training loss per step of {listed(others)}, with the {reference} loss dashed black on top; below, each of "
+        f"them minus the {reference} loss at each step, with zero dashed.")
