@@ -159,11 +159,18 @@ def _desync_alt(placed: Sequence[Placed], steps_run: Sequence[Sequence[int]],
         + " (gradients of different steps averaged)") if slipped else "every pair is of one step"
     alone = "; ".join(f"rank {r}'s #{seq} (step {s}) has no partner" for r, seq, s in lone)
     n_built = sum(s == BUILT for s, _ in placed[0])
+    end = "Every collective is paired."
+    if lone:
+        end = _upper(alone) + (f", and the job ends: {ended}." if ended else ".")
     return (f"The collectives of {ranks_text(range(len(placed)))} from their flight recorders, one lane per rank, "
             f"placed by the training step that issued them, after the {n_built} of DDP(...) as it was built; a line "
             "joins the collectives gloo paired, those with the same sequence number. "
-            + (listed(skipped).capitalize() + ": " if skipped else "") + pairs + ". "
-            + (alone[:1].upper() + alone[1:] + (f", and the job ends: {ended}." if ended else ".") if lone else "Every collective is paired."))
+            + (_upper(listed(skipped)) + ": " if skipped else "") + pairs + ". "
+            + end)
+
+
+def _upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 _FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)")
@@ -244,30 +251,35 @@ def _attempt_events(ax: Axes, a: int, rows: Sequence[Tuple[int, int, List[int]]]
     """Draw an attempt's resume point, checkpoints, failure and stops; say them."""
     mine = {r: steps for b, r, steps in rows if b == a}
     trained = sorted({s for steps in mine.values() for s in steps})
+    pad = 0.5 + 0.02 * max((s for _, _, steps in rows for s in steps), default=0)  # a label's gap, in steps
     said = [f"Attempt {a}: {_trained_words(mine)}"]
     if a and trained:
         start = trained[0]
         top = y[a, min(mine)]
         ax.axvline(start, color="black", lw=0.8, ls=":", gid=f"resume attempt {a}")
-        how = f"loads ckpt-{start:07d}.pt" if start in saved else "starts afresh, no checkpoint"
-        ax.annotate(f"attempt {a} {how}:\nresumes at step {start}", xy=(start, top), xytext=(start - 2, top),
-                    ha="right", va="center", fontsize=6.5, arrowprops=dict(arrowstyle="-|>", color="black", lw=0.8))
-        said[0] = f"Attempt {a} {how} and resumes at step {start}: {_trained_words(mine)}"
+        done = f"loads ckpt-{start:07d}.pt" if start in saved else "finds no checkpoint"
+        then = f"{'resumes' if start in saved else 'starts'} at step {start}"
+        if start >= 0.3 * (trained[-1] + 1):  # room on the left: the label points at the start
+            ax.annotate(f"attempt {a} {done}:\n{then}", xy=(start, top), xytext=(start - 2, top), ha="right",
+                        va="center", fontsize=6.5, arrowprops=dict(arrowstyle="-|>", color="black", lw=0.8))
+        else:
+            ax.text(trained[-1] + 1 + pad, top, f"attempt {a} {done}: {then}", va="center", fontsize=6.5)
+        said[0] = f"Attempt {a} {done} and {then}: {_trained_words(mine)}"
     wrote = [n for n in saved if n - 1 in mine.get(0, [])]
     if wrote:
         ax.plot(wrote, [y[a, 0]] * len(wrote), ls="none", marker="D", ms=5, color="white", mec="black",
                 gid=f"checkpoints attempt {a}")
         said.append(f"rank 0 writes checkpoints after {listed([str(n) for n in wrote])} steps")
     for rank, code in failures:
-        at = max(mine.get(rank, [-1])) + 1
+        at = max(mine.get(rank) or [-1]) + 1
         ax.plot([at + 0.5], [y[a, rank]], marker="X", ms=10, color="#d62728", ls="none", gid=f"failed attempt {a}")
-        ax.text(at + 1.4, y[a, rank], f"rank {rank} fails at step {at} (exit code {code})", va="center", fontsize=6.5,
-                color="#d62728")
+        ax.text(at + 0.5 + pad, y[a, rank], f"rank {rank} fails at step {at} (exit code {code})", va="center",
+                fontsize=6.5, color="#d62728")
         said.append(f"rank {rank} fails at step {at}")
     for rank in sorted(set(mine) - {r for r, _ in failures}) if failures else []:
-        at = max(mine[rank], default=-1) + 1
+        at = max(mine[rank] or [-1]) + 1
         ax.plot([at + 0.5], [y[a, rank]], marker="s", ms=6, color="black", ls="none", gid=f"stopped attempt {a}")
-        ax.text(at + 1.4, y[a, rank], f"stopped by the agent at step {at}", va="center", fontsize=6.5)
+        ax.text(at + 0.5 + pad, y[a, rank], f"stopped by the agent at step {at}", va="center", fontsize=6.5)
         said.append(f"the agent stops rank {rank} at step {at}")
     return "; ".join(said) + "."
 
