@@ -80,6 +80,17 @@ def test_ranks_that_skip_nothing_pair_every_collective_in_its_own_step():
     assert "every pair is of one step. Every collective is paired." in d.alt
 
 
+def test_on_three_ranks_the_skipping_rank_slips_against_both_and_the_last_one_waits_for_it():
+    steps = [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 3]]
+    d = draw_desync([_recorder(s) for s in steps], steps)
+    lines, patches = _artists(d, "lines"), _artists(d, "patches")
+    assert [g for g, line in lines.items() if line.get_color() == SLIPPED] == ["pair #8 ranks 1-2"]
+    assert {"unmatched rank 0 #9", "unmatched rank 1 #9"} <= set(patches) and "rank 2 #9" not in patches
+    assert "Rank 2 skipped step 2: from #8 on the pairs slip: rank 0's #8 of step 2 meets rank 2's #8 of step 3" in d.alt
+    assert "Ranks 0 and 1's #9 (step 3) is never joined by rank 2." in d.alt
+    assert "#9: rank 2 never joins it" in [t.get_text() for t in d.figure.findobj(Text)]
+
+
 def test_another_process_groups_entries_are_left_out():
     records = [_recorder(s) for s in SKIPPING]
     helper = dict(records[0]["entries"][0], seq=1, op="gloo:all_reduce", group="1")  # DETAIL's helper group

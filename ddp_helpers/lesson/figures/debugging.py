@@ -19,9 +19,10 @@ BUILT = -1  # the column of DDP(...)'s own collectives, before step 0
 KINDS = {"built": dict(facecolor="#d9d9d9", edgecolor="#7f7f7f"),
          "grads": dict(facecolor="#aec7e8", edgecolor="#1f77b4"),
          "other": dict(facecolor="#ffdca8", edgecolor="#ff7f0e")}
-SLIPPED, PAIRED = "#d62728", "#555555"
+SLIPPED, PAIRED, FAILED = "#d62728", "#555555", "#d62728"
 LANE, BOX = 1.9, 0.8  # lanes apart, a box's height: room for the pair lines between lanes
 Placed = List[Tuple[int, Dict[str, Any]]]  # (step, or BUILT, and the flight recorder's entry), in issue order
+Rows = Sequence[Tuple[int, int, List[int]]]  # (attempt, rank, the steps it trained), top row first
 
 
 def _op(entry: Mapping[str, Any]) -> str:
@@ -50,6 +51,7 @@ def collectives_by_step(entries: Sequence[Mapping[str, Any]], steps: Sequence[in
 
 
 def _kind(step: int, entry: Mapping[str, Any]) -> str:
+    """Which of KINDS a placed entry is."""
     return "built" if step == BUILT else "grads" if _op(entry) == "all_reduce" else "other"
 
 
@@ -91,17 +93,20 @@ def _draw_pairs(ax: Axes, at: Sequence[Dict[int, Tuple[int, float]]], ys: Sequen
 
 
 def _draw_unmatched(ax: Axes, at: Sequence[Dict[int, Tuple[int, float]]], ys: Sequence[float],
-                    ended: Optional[str]) -> List[Tuple[int, int, int]]:
-    """The collectives some rank issued that not every rank did, outlined and said: (rank, seq, step) each."""
+                    ended: Optional[str]) -> Dict[int, List[int]]:
+    """The collectives some rank issued that not every rank did, outlined and said: seq -> the ranks that did."""
     every = set.intersection(*(set(a) for a in at))
-    lone = [(r, seq, at[r][seq][0]) for r in range(len(at)) for seq in sorted(set(at[r]) - every)]
-    for r, seq, _ in lone:
-        x, top = at[r][seq][1], r == 0
-        ax.add_patch(Rectangle((x - 0.5, ys[r] - BOX / 2 - 0.08), 1, BOX + 0.16, facecolor="none", edgecolor=SLIPPED,
-                               lw=2.2, gid=f"unmatched rank {r} #{seq}"))
-        said = f"#{seq}: nobody joins it" + (f"; it ends with '{ended}'" if ended else "")
-        ax.text(x + 0.5, ys[r] + (0.5 if top else -0.5), said, ha="right", va="bottom" if top else "top",
-                fontsize=6.5, color=SLIPPED)
+    lone = {seq: [r for r in range(len(at)) if seq in at[r]] for seq in sorted(set().union(*at) - every)}
+    for seq, holders in lone.items():
+        for r in holders:
+            ax.add_patch(Rectangle((at[r][seq][1] - 0.5, ys[r] - BOX / 2 - 0.08), 1, BOX + 0.16, facecolor="none",
+                                   edgecolor=SLIPPED, lw=2.2, gid=f"unmatched rank {r} #{seq}"))
+        r = holders[0]
+        missing = [q for q in range(len(at)) if q not in holders]
+        who = "nobody joins" if len(holders) == 1 else f"{ranks_text(missing)} never join{'s' * (len(missing) == 1)}"
+        said = f"#{seq}: {who} it" + (f"; it ends with '{ended}'" if ended else "")
+        ax.text(at[r][seq][1] + 0.5, ys[r] + (0.5 if r == 0 else -0.5), said, ha="right",
+                va="bottom" if r == 0 else "top", fontsize=6.5, color=SLIPPED)
     return lone
 
 
@@ -136,6 +141,7 @@ def draw_desync(records: Sequence[Mapping[str, Any]], steps_run: Sequence[Sequen
 
 
 def _desync_legend(placed: Sequence[Placed]) -> List[Any]:
+    """The kinds of box drawn (another collective named by the torch function that issued it), the lines."""
     bys = sorted({str(e.get("by", "?")) for p in placed for s, e in p if _kind(s, e) == "other"})
     words = {"built": "DDP(...)'s own, as it was built", "grads": "a step's all-reduce of the gradients",
              "other": f"another collective of a step (by {listed(bys or ['?'])})"}
@@ -143,21 +149,24 @@ def _desync_legend(placed: Sequence[Placed]) -> List[Any]:
     return ([Patch(label=words[k], **KINDS[k]) for k in KINDS if k in used]
             + [Line2D([], [], color=PAIRED, lw=0.9, label="paired by gloo (same sequence number), same step"),
                Line2D([], [], color=SLIPPED, lw=1.6, label="paired by gloo, but different steps"),
-               Patch(facecolor="none", edgecolor=SLIPPED, lw=2.2, label="issued by one rank only: nobody joins")])
+               Patch(facecolor="none", edgecolor=SLIPPED, lw=2.2, label="issued by one rank only: nobody joins"
+                     if len(placed) == 2 else "not issued by every rank: it never completes")])
 
 
 def _desync_alt(placed: Sequence[Placed], steps_run: Sequence[Sequence[int]],
-                at: Sequence[Dict[int, Tuple[int, float]]], lone: Sequence[Tuple[int, int, int]],
+                at: Sequence[Dict[int, Tuple[int, float]]], lone: Mapping[int, List[int]],
                 ended: Optional[str]) -> str:
+    """The figure in words: the steps skipped, the pairs that slipped, the collectives nobody joined."""
     every = sorted({s for steps in steps_run for s in steps})
     skipped = [f"rank {r} skipped step{'s' * (len(m) > 1)} {listed([str(s) for s in m])}"
                for r, steps in enumerate(steps_run) if (m := [s for s in every if s not in steps])]
-    slipped = [(seq, at[0][seq][0], at[1][seq][0]) for seq in sorted(set(at[0]) & set(at[1]))
-               if at[0][seq][0] != at[1][seq][0]]
-    pairs = (f"from #{slipped[0][0]} on the pairs slip: " + "; ".join(
-        f"rank 0's #{seq} of step {a} meets rank 1's #{seq} of step {b}" for seq, a, b in slipped)
+    slipped = [(seq, r, at[0][seq][0], at[r][seq][0]) for r in range(1, len(at))
+               for seq in sorted(set(at[0]) & set(at[r])) if at[0][seq][0] != at[r][seq][0]]
+    pairs = (f"from #{min(slipped)[0]} on the pairs slip: " + "; ".join(
+        f"rank 0's #{seq} of step {a} meets rank {r}'s #{seq} of step {b}" for seq, r, a, b in slipped)
         + " (gradients of different steps averaged)") if slipped else "every pair is of one step"
-    alone = "; ".join(f"rank {r}'s #{seq} (step {s}) has no partner" for r, seq, s in lone)
+    alone = "; ".join(f"{ranks_text(h)}'s #{seq} (step {at[h[0]][seq][0]}) " + _never_joined(h, len(at))
+                      for seq, h in lone.items())
     n_built = sum(s == BUILT for s, _ in placed[0])
     end = "Every collective is paired."
     if lone:
@@ -169,7 +178,14 @@ def _desync_alt(placed: Sequence[Placed], steps_run: Sequence[Sequence[int]],
             + end)
 
 
+def _never_joined(holders: Sequence[int], world: int) -> str:
+    """'has no partner' (one rank issued it), or 'is never joined by rank 2'."""
+    missing = [q for q in range(world) if q not in holders]
+    return "has no partner" if len(holders) == 1 else f"is never joined by {ranks_text(missing)}"
+
+
 def _upper(text: str) -> str:
+    """The text with its first letter a capital."""
     return text[:1].upper() + text[1:]
 
 
@@ -201,6 +217,7 @@ def _runs(steps: Sequence[int]) -> List[Tuple[int, int]]:
 
 
 def _spans(steps: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2 and 5'."""
     return listed([f"{a}-{a + n - 1}" if n > 1 else str(a) for a, n in _runs(steps)]) if len(steps) else "none"
 
 
@@ -230,7 +247,8 @@ def draw_restarts(attempts: Sequence[Any], checkpoints: Sequence[str], events: S
     ax.set_xlim(0, last + 4)
     ax.set_xlabel("optimizer step (a checkpoint at N holds the state after N steps)", fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
-    fig.legend(handles=_restart_legend(), loc="outside lower center", ncols=3, fontsize=6.5, frameon=False)
+    ranks = sorted({r for _, r, _ in rows})
+    fig.legend(handles=_restart_legend(ranks), loc="outside lower center", ncols=3, fontsize=6.5, frameon=False)
     return Diagram(fig, "A torchrun job's attempts on one step axis, one row per attempt and rank: the steps each "
                         "rank trained, the checkpoints rank 0 wrote, the failure and the agent's restart. "
                    + " ".join(words))
@@ -246,55 +264,68 @@ def _draw_row(ax: Axes, attempt: int, rank: int, steps: Sequence[int], before: s
                        gid=f"redone attempt {attempt} rank {rank}")
 
 
-def _attempt_events(ax: Axes, a: int, rows: Sequence[Tuple[int, int, List[int]]],
-                    failures: Sequence[Tuple[int, int]], saved: Sequence[int], y: Dict[Tuple[int, int], int]) -> str:
-    """Draw an attempt's resume point, checkpoints, failure and stops; say them."""
+def _attempt_events(ax: Axes, a: int, rows: Rows, failures: Sequence[Tuple[int, int]], saved: Sequence[int],
+                    y: Dict[Tuple[int, int], int]) -> str:
+    """Draw an attempt's resume point, checkpoints, failures and stops; say them."""
     mine = {r: steps for b, r, steps in rows if b == a}
-    trained = sorted({s for steps in mine.values() for s in steps})
     pad = 0.5 + 0.02 * max((s for _, _, steps in rows for s in steps), default=0)  # a label's gap, in steps
-    said = [f"Attempt {a}: {_trained_words(mine)}"]
-    if a and trained:
-        start = trained[0]
-        top = y[a, min(mine)]
-        ax.axvline(start, color="black", lw=0.8, ls=":", gid=f"resume attempt {a}")
-        done = f"loads ckpt-{start:07d}.pt" if start in saved else "finds no checkpoint"
-        then = f"{'resumes' if start in saved else 'starts'} at step {start}"
-        if start >= 0.3 * (trained[-1] + 1):  # room on the left: the label points at the start
-            ax.annotate(f"attempt {a} {done}:\n{then}", xy=(start, top), xytext=(start - 2, top), ha="right",
-                        va="center", fontsize=6.5, arrowprops=dict(arrowstyle="-|>", color="black", lw=0.8))
-        else:
-            ax.text(trained[-1] + 1 + pad, top, f"attempt {a} {done}: {then}", va="center", fontsize=6.5)
-        said[0] = f"Attempt {a} {done} and {then}: {_trained_words(mine)}"
-    wrote = [n for n in saved if n - 1 in mine.get(0, [])]
+    said = [_draw_resume(ax, a, mine, saved, y[a, min(mine)], pad) + _trained_words(mine)]
+    wrote = [n for n in saved if n - 1 in mine.get(0, [])]  # rank 0 writes ckpt-N after step N - 1
     if wrote:
         ax.plot(wrote, [y[a, 0]] * len(wrote), ls="none", marker="D", ms=5, color="white", mec="black",
                 gid=f"checkpoints attempt {a}")
         said.append(f"rank 0 writes checkpoints after {listed([str(n) for n in wrote])} steps")
+    return "; ".join(said + _draw_ends(ax, a, mine, failures, y, pad)) + "."
+
+
+def _draw_resume(ax: Axes, a: int, mine: Mapping[int, Sequence[int]], saved: Sequence[int], top: float,
+                 pad: float) -> str:
+    """A restarted attempt's first step, marked and labelled with the checkpoint it loads; the sentence's start."""
+    trained = sorted({s for steps in mine.values() for s in steps})
+    if not a or not trained:
+        return f"Attempt {a}: "
+    start = trained[0]
+    ax.axvline(start, color="black", lw=0.8, ls=":", gid=f"resume attempt {a}")
+    done = f"loads ckpt-{start:07d}.pt" if start in saved else "finds no checkpoint"
+    then = f"{'resumes' if start in saved else 'starts'} at step {start}"
+    if start >= 0.3 * (trained[-1] + 1):  # room on the left: the label points at the start
+        ax.annotate(f"attempt {a} {done}:\n{then}", xy=(start, top), xytext=(start - 2, top), ha="right",
+                    va="center", fontsize=6.5, arrowprops=dict(arrowstyle="-|>", color="black", lw=0.8))
+    else:
+        ax.text(trained[-1] + 1 + pad, top, f"attempt {a} {done}: {then}", va="center", fontsize=6.5)
+    return f"Attempt {a} {done} and {then}: "
+
+
+def _draw_ends(ax: Axes, a: int, mine: Mapping[int, Sequence[int]], failures: Sequence[Tuple[int, int]],
+               y: Dict[Tuple[int, int], int], pad: float) -> List[str]:
+    """The ranks that failed in an attempt (a cross) and those the agent stopped then (a square), said."""
+    said = []
     for rank, code in failures:
-        at = max(mine.get(rank) or [-1]) + 1
-        ax.plot([at + 0.5], [y[a, rank]], marker="X", ms=10, color="#d62728", ls="none", gid=f"failed attempt {a}")
+        at = max(mine.get(rank) or [-1]) + 1  # the step it was in: the one after its last recorded
+        ax.plot([at + 0.5], [y[a, rank]], marker="X", ms=10, color=FAILED, ls="none", gid=f"failed attempt {a}")
         ax.text(at + 0.5 + pad, y[a, rank], f"rank {rank} fails at step {at} (exit code {code})", va="center",
-                fontsize=6.5, color="#d62728")
+                fontsize=6.5, color=FAILED)
         said.append(f"rank {rank} fails at step {at}")
     for rank in sorted(set(mine) - {r for r, _ in failures}) if failures else []:
         at = max(mine[rank] or [-1]) + 1
         ax.plot([at + 0.5], [y[a, rank]], marker="s", ms=6, color="black", ls="none", gid=f"stopped attempt {a}")
         ax.text(at + 0.5 + pad, y[a, rank], f"stopped by the agent at step {at}", va="center", fontsize=6.5)
         said.append(f"the agent stops rank {rank} at step {at}")
-    return "; ".join(said) + "."
+    return said
 
 
 def _trained_words(mine: Mapping[int, Sequence[int]]) -> str:
+    """'ranks 0 and 1 train steps 0-39', or each rank's steps where they differ."""
     spans = {r: _spans(steps) for r, steps in sorted(mine.items())}
     if len(set(spans.values())) == 1:
         return f"{ranks_text(list(spans))} train steps {next(iter(spans.values()))}"
     return ", ".join(f"rank {r} trains steps {s}" for r, s in spans.items())
 
 
-def _restart_legend() -> List[Any]:
-    return [Patch(color=rank_color(0), alpha=0.85, label="steps rank 0 trained"),
-            Patch(color=rank_color(1), alpha=0.85, label="steps rank 1 trained"),
+def _restart_legend(ranks: Sequence[int]) -> List[Any]:
+    """The bars of each rank, the hatching, and the markers."""
+    return [*(Patch(color=rank_color(r), alpha=0.85, label=f"steps rank {r} trained") for r in ranks),
             Patch(facecolor="none", edgecolor="black", hatch="////", label="trained again after the restart"),
             Line2D([], [], ls="none", marker="D", color="white", mec="black", label="checkpoint written by rank 0"),
-            Line2D([], [], ls="none", marker="X", ms=8, color="#d62728", label="a rank fails"),
+            Line2D([], [], ls="none", marker="X", ms=8, color=FAILED, label="a rank fails"),
             Line2D([], [], ls="none", marker="s", color="black", label="the agent stops the other ranks")]
