@@ -15,6 +15,7 @@ _EXPORTS = {
     "draw_resume": "checkpoints",
     "draw_collective": "collectives", "draw_ring": "collectives",
     "plot_shard_strip": "data_shards", "shard_owners": "data_shards",
+    "draw_desync": "debugging", "draw_restarts": "debugging",
     "draw_holdings": "memory",
     "draw_rendezvous": "process_group",
     "plot_losses": "training", "plot_grad_norms": "training", "plot_fingerprints": "training",
