@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 from ..common.errors import ConfigError, refused, setting
 from .env import SlurmTask, under_torchrun
