@@ -29,6 +29,9 @@ How it is built, and why (facts that cost time to find):
 - No default route in the namespaces: a name that isn't in the hosts file fails at once instead of waiting on DNS.
 - munge with a key and socket of its own (`AuthInfo=socket=...`), not the machine's /etc/munge.
 - `SlurmdParameters=config_overrides`: the nodes report the CPUs slurm.conf gives them, not this machine's.
+- Two fake GPUs per node (`Gres=gpu:2`; gres.conf, `AutoDetect=off`, names two character devices with /dev/null's
+  numbers: slurmd refuses a regular file there), so a step's `--gpus-per-task=1` or `--gpus-per-node=2` sets each
+  task's CUDA_VISIBLE_DEVICES as on a GPU cluster (SLURM_STEP_GPUS too, per task). No CUDA sees them.
 - A TaskProlog gives each node's tasks its own TMPDIR (`<state>/<node>/tmp`), as on separate machines.
 - Short timeouts (KillWait=2 between scancel's SIGTERM and SIGKILL; a lost node noticed within SlurmdTimeout).
 - stop ends every process living in the cluster's namespaces (jobs' tasks too, found by their namespace), then
@@ -42,6 +45,7 @@ import argparse
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -51,6 +55,7 @@ from typing import Dict, List, Optional, Sequence
 
 NODES = ("n1", "n2")
 NODE_CPUS = 4  # more than this machine's cores: concurrent test jobs share a node, as slurm's oversubscription would
+NODE_GPUS = 2  # fake ones (gres.conf): enough for SLURM to set CUDA_VISIBLE_DEVICES per task as on a GPU node
 START_TIMEOUT_S = 20.0
 DAEMONS = ("slurmctld", "slurmd", "munged")
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "ip", "nsenter", "unshare")
@@ -286,14 +291,19 @@ class SlurmCluster:
         os.chmod(prolog, 0o755)
         with open(self.conf, "w") as f:
             f.write(self._slurm_conf(prolog))
+        for i in range(NODE_GPUS):  # a fake GPU: a character device with /dev/null's numbers (nothing opens it)
+            os.mknod(os.path.join(self.state, f"gpu{i}"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        with open(os.path.join(self.state, "gres.conf"), "w") as f:
+            f.write(f"AutoDetect=off\nName=gpu File={self.state}/gpu[0-{NODE_GPUS - 1}]\n")
         with open(os.path.join(self.state, "cgroup.conf"), "w") as f:
             f.write("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
 
     def _slurm_conf(self, prolog: str) -> str:
         s = self.state
-        nodes = "".join(f"NodeName={n} NodeAddr={self.addrs[n]} CPUs={NODE_CPUS} RealMemory=2000 State=UNKNOWN\n"
+        nodes = "".join(f"NodeName={n} NodeAddr={self.addrs[n]} CPUs={NODE_CPUS} RealMemory=2000 Gres=gpu:{NODE_GPUS} State=UNKNOWN\n"
                         for n in NODES)
         return f"""ClusterName=ddphelpers
+GresTypes=gpu
 SlurmctldHost=ctl({self.addrs['ctl']})
 SlurmUser=root
 SlurmdUser=root

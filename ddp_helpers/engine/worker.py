@@ -6,7 +6,6 @@ Telemetry, fault injection and checkpoints are one call each; their details live
 """
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from typing import List, Optional, Tuple
 
@@ -15,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..ranks.gpus import rank_gpu
 from ..ranks.starting import freeze_heap
 from .batches import Batch, RankBatches
 from .checkpoint import CheckpointError, resume, save_if_due
@@ -29,11 +29,12 @@ from .telemetry import RankTelemetry, TableShape
 
 
 def device_for(rank: int, backend: str) -> torch.device:
-    """nccl: one GPU per rank (cuda:<local rank>); gloo: the CPU."""
+    """nccl: one GPU per rank (cuda:<local rank>, or cuda:0 where SLURM showed each task its own: ranks/gpus.py);
+    gloo: the CPU."""
     if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank))  # under torchrun several nodes each count from 0
-        torch.cuda.set_device(local)  # without this every rank would allocate on cuda:0
-        return torch.device("cuda", local)
+        index = rank_gpu(rank)  # LOCAL_RANK: under torchrun several nodes each count from 0
+        torch.cuda.set_device(index)  # without this every rank would allocate on cuda:0
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 

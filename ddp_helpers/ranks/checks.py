@@ -15,13 +15,16 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
 from . import cores
 from .cores import binding_plan, default_threads  # noqa: F401 - default_threads: the plan's threads
 from .startmethod import START_METHODS, resolve_start_method
+
+if TYPE_CHECKING:
+    from .gpus import GpuLayout
 
 LAUNCH_BACKENDS = ("gloo", "nccl", "auto")
 MAX_POLL_S = 60.0  # between two looks at the ranks (on_poll's period), at most
@@ -213,25 +216,27 @@ def _check_main_module(method: str) -> None:
                           "each rank re-imports the main program from its file. Save the code to a file and run that")
 
 
-def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig") -> str:
-    """'auto' -> nccl when CUDA has at least world_size GPUs, else gloo; checks that nccl can place the ranks."""
+def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig",
+                    layout: "Optional[GpuLayout]" = None) -> str:
+    """'auto' -> nccl when every rank gets a GPU of its own (gpus.GpuLayout: the rule each rank follows), else
+    gloo; 'nccl' refused where some rank would have none. layout: a rank's own (under torchrun or srun), else the
+    world_size ranks this process starts, which all see its GPUs."""
     if backend == "gloo":
         return backend  # nothing to ask torch: a launcher without torch imported stays so
-    import torch  # importable: check_start_method named a half-imported one first
+    from .gpus import GpuLayout, visible_gpus  # torch importable: check_start_method named a half-imported one
 
-    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    launched = layout is None
+    layout = layout or GpuLayout(visible_gpus(), world_size)
     if backend == "auto":
-        return "nccl" if n_gpus >= world_size else "gloo"
-    if backend == "nccl":
-        if n_gpus == 0:
-            raise refused("backend", "nccl", f"nccl needs CUDA GPUs and none is visible; use "
-                                             f"{setting('backend', 'gloo')} (CPU) or 'auto'", owner)
-        if world_size > n_gpus:
+        return "nccl" if layout.fits else "gloo"
+    if backend == "nccl" and not layout.fits:
+        if launched and layout.visible:  # the ranks start here: fewer of them is the fix
             raise ConfigError(
                 f"{setting('world_size', world_size, owner=owner)} is not accepted with "
-                f"{setting('backend', 'nccl')}: only {n_gpus} GPU(s) are visible and nccl needs one GPU per rank (two "
-                f"ranks on one GPU are refused); use {setting('world_size')}<={n_gpus}, or "
+                f"{setting('backend', 'nccl')}: only {layout.visible} GPU(s) are visible and nccl needs one GPU per "
+                f"rank (two ranks on one GPU are refused); use {setting('world_size')}<={layout.visible}, or "
                 f"{setting('backend', 'gloo')}")
+        raise layout.refusal(owner)
     return backend
 
 
@@ -309,9 +314,11 @@ class RankSizes:
         check_world_size(world_size, threads_per_rank, machine, owner)
         return cls(world_size, threads, owner, machine)
 
-    def place(self, backend: str, bind_cores: Optional[bool], init_group: bool = True) -> str:
-        """The backend resolved for these ranks (its GPUs counted) and their core binding checked; the backend."""
-        backend = resolve_backend(backend, self.world_size, self.owner)
+    def place(self, backend: str, bind_cores: Optional[bool], init_group: bool = True,
+              layout: "Optional[GpuLayout]" = None) -> str:
+        """The backend resolved for these ranks (their GPUs counted; layout: a running rank's, see resolve_backend)
+        and their core binding checked; the backend."""
+        backend = resolve_backend(backend, self.world_size, self.owner, layout)
         if init_group:
             check_binding(self.world_size, self.threads, backend, bind_cores, self.owner, self.machine)
         return backend
