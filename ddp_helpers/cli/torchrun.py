@@ -180,7 +180,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] =
     from ..engine.checkpoint import check_resume, resolve_resume
     from ..engine.config import check_before_torch
     from ..ranks.env import RankEnv
-    from ..ranks.gpus import GpuLayout
+    from ..ranks.env import GpuLayout
     from ..ranks.rank import run_rank
     from ..ranks.reports import error_report
 
@@ -189,7 +189,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] =
     cfg = cfg.replace(world_size=env.world_size, master_port=0)
     sizes = sizes or check_before_torch(cfg, env.local_world_size)  # this node's ranks share its cores
     # no address: torchrun owns the rendezvous; the GPUs as this rank sees them (SLURM may show each task its own),
-    # refused here, before init_process_group, where some rank of the node would have none (ranks/gpus.py)
+    # refused here, before init_process_group, where some rank of the node would have none (ranks/env.py)
     layout = None if cfg.backend == "gloo" else GpuLayout.of_rank()
     backend = sizes.place(cfg.backend, cfg.bind_cores, layout=layout)
     cfg = resolve_resume(cfg)  # --resume-from latest: each attempt of a restarted job continues from the last one

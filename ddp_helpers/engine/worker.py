@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..ranks.gpus import rank_gpu
+from ..ranks.env import rank_gpu
 from ..ranks.starting import freeze_heap
 from .batches import Batch, RankBatches
 from .checkpoint import CheckpointError, resume, save_if_due
@@ -29,7 +29,7 @@ from .telemetry import RankTelemetry, TableShape
 
 
 def device_for(rank: int, backend: str) -> torch.device:
-    """nccl: one GPU per rank (cuda:<local rank>, or cuda:0 where SLURM showed each task its own: ranks/gpus.py);
+    """nccl: one GPU per rank (cuda:<local rank>, or cuda:0 where SLURM showed each task its own: ranks/env.py);
     gloo: the CPU."""
     if backend == "nccl":
         index = rank_gpu(rank)  # LOCAL_RANK: under torchrun several nodes each count from 0

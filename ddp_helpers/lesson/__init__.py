@@ -27,7 +27,7 @@ _EXPORTS = {
     "RecordingStore": "lesson.rendezvous", "address_owner": "lesson.rendezvous",
     "PARTS": "lesson.sharding", "rank_bytes": "lesson.sharding", "plot_rank_bytes": "lesson.sharding",
     # what the lessons read or run of the engine, the launcher and the files shipped beside the notebooks
-    "device_for": "engine.worker", "forward_backward": "engine.worker", "GpuLayout": "ranks.gpus",
+    "device_for": "engine.worker", "forward_backward": "engine.worker", "GpuLayout": "ranks.env",
     "recording_hook": "engine.hooks:recording", "GradRecorder": "engine.hooks",
     "rng_state": "engine.rng", "set_rng_state": "engine.rng",
     "usable_cores": "ranks.cores", "cpu_quota": "ranks.cores", "cpu_budget": "ranks.cores",

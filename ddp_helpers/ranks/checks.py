@@ -24,7 +24,7 @@ from .cores import binding_plan, default_threads  # noqa: F401 - default_threads
 from .startmethod import START_METHODS, resolve_start_method
 
 if TYPE_CHECKING:
-    from .gpus import GpuLayout
+    from .env import GpuLayout
 
 LAUNCH_BACKENDS = ("gloo", "nccl", "auto")
 MAX_POLL_S = 60.0  # between two looks at the ranks (on_poll's period), at most
@@ -223,7 +223,7 @@ def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig",
     world_size ranks this process starts, which all see its GPUs."""
     if backend == "gloo":
         return backend  # nothing to ask torch: a launcher without torch imported stays so
-    from .gpus import GpuLayout, visible_gpus  # torch importable: check_start_method named a half-imported one
+    from .env import GpuLayout, visible_gpus  # torch importable: check_start_method named a half-imported one
 
     launched = layout is None
     layout = layout or GpuLayout(visible_gpus(), world_size)

@@ -172,3 +172,9 @@ def test_the_slow_marker_is_registered_and_used():
     assert "--strict-markers" in config["addopts"]  # a mistyped @pytest.mark.slwo is an error, not a new mark
     used = sum(p.read_text().count("@pytest.mark.slow") for p in (PACKAGE.parent / "tests").rglob("test_*.py"))
     assert used >= 50, used
+
+
+def test_ranks_holds_at_most_16_files():
+    # issue 60: ranks/ by subject, one module a job; a new subject there first looks for the module it belongs in
+    files = sorted(p.name for p in (PACKAGE / "ranks").glob("*.py"))
+    assert len(files) <= 16, f"ranks/ holds {len(files)} files: {files}"

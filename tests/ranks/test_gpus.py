@@ -1,4 +1,4 @@
-"""Which GPU each rank takes, for every layout a cluster user asks for (ranks/gpus.py), with CUDA faked: CI has no GPU.
+"""Which GPU each rank takes, for every layout a cluster user asks for (ranks/env.py), with CUDA faked: CI has no GPU.
 
 SLURM's per-task binding (--gpus-per-task=1) shows each task one GPU, cuda:0 inside it, while its local rank counts
 0..n-1; --gpus-per-node shows every task the node's GPUs. torchrun's workers and launch()'s ranks share what their
@@ -17,7 +17,7 @@ from ddp_helpers.engine.config import TrainConfig
 from ddp_helpers.engine.worker import device_for
 from ddp_helpers.ranks.checks import RankSizes, resolve_backend
 from ddp_helpers.ranks.env import adopt_scheduler_env
-from ddp_helpers.ranks.gpus import GpuLayout
+from ddp_helpers.ranks.env import GpuLayout
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
              "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES")

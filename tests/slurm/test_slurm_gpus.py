@@ -1,4 +1,4 @@
-"""What SLURM shows each task of a GPU step, read by the package's rule (ranks/gpus.py), on the test cluster.
+"""What SLURM shows each task of a GPU step, read by the package's rule (ranks/env.py), on the test cluster.
 
 The cluster's nodes have two fake GPUs each (tools/slurm_cluster.py), so SLURM sets each task's CUDA_VISIBLE_DEVICES
 as on a GPU cluster; CUDA is faked in the task as seeing exactly those devices (no GPU here), so what is checked is
@@ -19,7 +19,7 @@ seen = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
 cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: len(seen))
 sys.modules["torch"] = types.SimpleNamespace(cuda=cuda)  # CUDA as CUDA_VISIBLE_DEVICES shows it
 from ddp_helpers.ranks.env import adopt_scheduler_env
-from ddp_helpers.ranks.gpus import GpuLayout, rank_gpu
+from ddp_helpers.ranks.env import GpuLayout, rank_gpu
 adopt_scheduler_env()
 layout = GpuLayout.of_rank()
 try:
