@@ -179,8 +179,7 @@ def run_torchrun(cfg: TrainConfig, out: str, plots: bool, sizes: Optional[Any] =
     from ..data import DataError
     from ..engine.checkpoint import check_resume, resolve_resume
     from ..engine.config import check_before_torch
-    from ..ranks.env import RankEnv
-    from ..ranks.env import GpuLayout
+    from ..ranks.env import GpuLayout, RankEnv
     from ..ranks.rank import run_rank
     from ..ranks.reports import error_report
 

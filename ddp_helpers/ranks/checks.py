@@ -218,7 +218,7 @@ def _check_main_module(method: str) -> None:
 
 def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig",
                     layout: "Optional[GpuLayout]" = None) -> str:
-    """'auto' -> nccl when every rank gets a GPU of its own (gpus.GpuLayout: the rule each rank follows), else
+    """'auto' -> nccl when every rank gets a GPU of its own (env.GpuLayout: the rule each rank follows), else
     gloo; 'nccl' refused where some rank would have none. layout: a rank's own (under torchrun or srun), else the
     world_size ranks this process starts, which all see its GPUs."""
     if backend == "gloo":
