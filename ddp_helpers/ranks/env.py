@@ -324,6 +324,7 @@ class GpuLayout:
     visible: int  # GPUs this process sees
     local_world_size: int  # ranks on this node
     own_views: bool = False  # each rank sees GPUs of its own (SLURM's tasks), not its starter's
+    node_gpus: Optional[int] = None  # SLURM_GPUS_ON_NODE: the GPUs the step holds on this node (SLURM's tasks)
 
     @classmethod
     def of_rank(cls, environ: Mapping[str, str] = os.environ, rank: int = 0) -> "GpuLayout":
@@ -333,18 +334,27 @@ class GpuLayout:
         else:
             task = SlurmTask.from_environ(environ)
             ranks = task.local_world_size if task is not None else int(environ.get("WORLD_SIZE", rank + 1))
-        return cls(visible_gpus(), ranks, own_views(environ))
+        own = own_views(environ)
+        held = environ.get("SLURM_GPUS_ON_NODE", "")
+        return cls(visible_gpus(), ranks, own, int(held) if own and held.isdigit() else None)
+
+    @property
+    def own_gpu(self) -> bool:
+        """Each rank sees one GPU, its own: SLURM's tasks, with as many GPUs held on the node as it has ranks
+        (--gres=gpu:1 for two tasks shows both the same GPU 0)."""
+        return self.visible == 1 and self.own_views and (self.node_gpus or self.local_world_size) >= \
+            self.local_world_size
 
     @property
     def fits(self) -> bool:
         """Every rank of the node has a GPU of its own."""
-        return self.visible >= self.local_world_size or (self.visible == 1 and self.own_views)
+        return self.visible >= self.local_world_size or self.own_gpu
 
     def index(self, local_rank: int, owner: str = "TrainConfig") -> int:
         """The GPU (cuda:<index>) of the rank numbered local_rank on its node; ConfigError where it has none."""
         if self.visible >= self.local_world_size:
             return local_rank  # every rank sees the node's GPUs: the i-th rank takes the i-th
-        if self.visible == 1 and self.own_views:
+        if self.own_gpu:
             return 0  # SLURM showed this task its own GPU, and it is always cuda:0 inside it
         raise self.refusal(owner)
 
@@ -357,8 +367,10 @@ class GpuLayout:
         seen = os.environ.get("CUDA_VISIBLE_DEVICES")
         shown = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
         if self.own_views:
-            how = (f"each of this node's {ranks} ranks (SLURM's tasks, LOCAL_WORLD_SIZE={ranks}) sees {n} GPUs{shown}, "
-                   "neither one of its own nor one for every rank of the node. Ask SLURM for "
+            what = (f"share the {self.node_gpus} GPU(s) the step holds on it (SLURM_GPUS_ON_NODE={self.node_gpus}), "
+                    f"each seeing one{shown}" if n == 1 and self.node_gpus is not None else
+                    f"each see {n} GPUs{shown}, neither one of their own nor one for every rank of the node")
+            how = (f"this node's {ranks} ranks (SLURM's tasks, LOCAL_WORLD_SIZE={ranks}) {what}. Ask SLURM for "
                    f"--gpus-per-node={ranks} (every task sees the node's GPUs; a rank takes cuda:<local rank>) or "
                    "--gpus-per-task=1 (each task sees its own GPU as cuda:0)")
         else:

@@ -73,9 +73,10 @@ def test_each_layout_gives_its_gpu(visible, ranks, own, local_rank, index):
     assert layout.fits and layout.index(local_rank) == index
 
 
-@pytest.mark.parametrize("visible, ranks, own", [(2, 4, True), (3, 4, False), (1, 2, False), (0, 2, True)])
-def test_a_layout_leaving_a_rank_without_a_gpu_is_refused(visible, ranks, own):
-    layout = GpuLayout(visible, ranks, own)
+@pytest.mark.parametrize("visible, ranks, own, held", [(2, 4, True, None), (3, 4, False, None), (1, 2, False, None),
+                                                       (0, 2, True, None), (1, 2, True, 1)])
+def test_a_layout_leaving_a_rank_without_a_gpu_is_refused(visible, ranks, own, held):
+    layout = GpuLayout(visible, ranks, own, held)
     assert not layout.fits
     with pytest.raises(ConfigError, match=r"TrainConfig\.backend='nccl' is not accepted: nccl needs"):
         layout.index(0)
@@ -88,6 +89,24 @@ def test_srun_gpus_per_task_rank_takes_cuda_0(monkeypatch, gpus):
     sizes = RankSizes.checked(4, 1, owner="TrainConfig", room=False)
     assert sizes.place("nccl", None, layout=GpuLayout.of_rank()) == "nccl"  # not refused before the launch
     assert sizes.place("auto", None, layout=GpuLayout.of_rank()) == "nccl"  # nor taken for too few GPUs (gloo)
+
+
+@pytest.mark.parametrize("held", ["4", "8"])
+def test_srun_tasks_each_on_a_gpu_of_their_own_take_cuda_0(monkeypatch, gpus, held):
+    chosen = gpus(1)  # --gpus-per-task=1 on a node where the step holds a GPU per task (or more)
+    _srun_task(monkeypatch, localid=3, CUDA_VISIBLE_DEVICES="3", SLURM_GPUS_ON_NODE=held)
+    assert device_for(7, "nccl") == torch.device("cuda", 0) and chosen == [0]
+
+
+def test_srun_tasks_sharing_one_gpu_are_refused(monkeypatch, gpus):
+    gpus(1)  # srun -n2 --gres=gpu:1: the step holds one GPU on the node, and both tasks see it as GPU 0
+    _srun_task(monkeypatch, localid=1, tasks_per_node=2, CUDA_VISIBLE_DEVICES="0", SLURM_GPUS_ON_NODE="1")
+    with pytest.raises(ConfigError) as refused:
+        device_for(3, "nccl")
+    words = str(refused.value)
+    assert "share the 1 GPU(s) the step holds on it (SLURM_GPUS_ON_NODE=1)" in words
+    assert "--gpus-per-node=2" in words and "--gpus-per-task=1" in words
+    assert resolve_backend("auto", 4, layout=GpuLayout.of_rank()) == "gloo"  # auto: CPU ranks, not a shared GPU
 
 
 def test_srun_gpus_per_node_rank_takes_cuda_local_rank(monkeypatch, gpus):
@@ -109,7 +128,7 @@ def test_srun_tasks_seeing_some_gpus_are_refused_with_both_fixes(monkeypatch, gp
         device_for(5, "nccl")
     words = str(refused.value)
     assert "TrainConfig.backend='nccl' is not accepted" in words and "LOCAL_WORLD_SIZE=4" in words
-    assert "sees 2 GPUs (CUDA_VISIBLE_DEVICES='0,1')" in words
+    assert "each see 2 GPUs (CUDA_VISIBLE_DEVICES='0,1')" in words
     assert "--gpus-per-node=4" in words and "--gpus-per-task=1" in words and "backend='gloo'" in words
     with pytest.raises(ConfigError, match="--gpus-per-node=4"):
         RankSizes.checked(4, 1, owner="TrainConfig", room=False).place("nccl", None, layout=GpuLayout.of_rank())

@@ -57,3 +57,9 @@ def test_too_few_gpus_for_the_tasks_are_refused_with_the_flags(slurm):
     for seen, ranks, own, said in tasks:
         assert (seen, ranks, own) == ("0,1", "3", "True")
         assert said.startswith("refused: ") and "--gpus-per-node=3" in said and "--gpus-per-task=1" in said
+
+
+def test_tasks_sharing_the_steps_one_gpu_are_refused(slurm):
+    tasks = _tasks(slurm, "-n2", "--gres=gpu:1")  # the step holds one GPU on the node: both tasks see it as 0
+    assert [t[:3] for t in tasks] == [("0", "2", "True")] * 2
+    assert all(t[3].startswith("refused: ") and "SLURM_GPUS_ON_NODE=1" in t[3] for t in tasks)
