@@ -301,7 +301,8 @@ def _int(environ: Mapping[str, str], name: str, default: Optional[str] = None) -
 #   LOCAL_RANK still counts 0..n-1 (cuda:<LOCAL_RANK> would be "invalid device ordinal" on all but local rank 0).
 # Only ranks that SLURM started as tasks of their own can see GPUs of their own: the ranks one process starts
 # (launch()'s, torchrun's agent's) inherit its view, so there one GPU for several ranks is one GPU shared, which
-# nccl refuses. Any other count (some GPUs, fewer than the node's ranks) is refused with the settings that fix it.
+# nccl refuses; so is one GPU the step holds for several tasks (SLURM_GPUS_ON_NODE below the node's tasks: SLURM
+# shows each the same GPU 0). Any other count (some GPUs, fewer than the node's ranks) is refused with the fixes.
 
 
 def visible_gpus() -> int:
