@@ -23,6 +23,7 @@ def listed(words: Sequence[str]) -> str:
 
 def ranks_text(ranks: Sequence[int]) -> str:
     """'rank 0', 'ranks 0 and 1', 'ranks 0, 1 and 2'."""
+    ranks = list(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + listed([str(r) for r in ranks])
 
 

@@ -290,19 +290,13 @@ def _int(environ: Mapping[str, str], name: str, default: Optional[str] = None) -
 
 
 # ---------------------------------------------------------------- which GPU a rank drives
-# The one rule for every way into a rank (launch(), run_training, torchrun, srun's tasks, submitit's), and the
-# words for a layout that gives some rank none of its own.
-# A rank finds its GPU among those it sees: CUDA_VISIBLE_DEVICES (a scheduler's, or a user's) decides which and how
-# many (torch.cuda.device_count), numbered from 0. Two layouts give every rank a GPU of its own:
-# - every rank of a node sees the node's GPUs (launch() and run_training on one machine, torchrun's workers, srun
-#   with --gpus-per-node=N or --gres=gpu:N): local rank i takes cuda:i, as torch's launch utility documents
-#   ("each process will be operating on a single GPU from GPU 0 to GPU (nproc_per_node - 1)");
-# - each rank sees one GPU, its own (srun --gpus-per-task=1, --gpu-bind=single:1): cuda:0 in every rank, while
-#   LOCAL_RANK still counts 0..n-1 (cuda:<LOCAL_RANK> would be "invalid device ordinal" on all but local rank 0).
-# Only ranks that SLURM started as tasks of their own can see GPUs of their own: the ranks one process starts
-# (launch()'s, torchrun's agent's) inherit its view, so there one GPU for several ranks is one GPU shared, which
-# nccl refuses; so is one GPU the step holds for several tasks (SLURM_GPUS_ON_NODE below the node's tasks: SLURM
-# shows each the same GPU 0). Any other count (some GPUs, fewer than the node's ranks) is refused with the fixes.
+# The one rule for every way into a rank (launch(), run_training, torchrun, srun's and submitit's tasks). A rank
+# finds its GPU among those it sees (CUDA_VISIBLE_DEVICES decides which, numbered from 0). Every rank of a node
+# sees the node's GPUs (launch(), torchrun's workers, srun --gpus-per-node=N): local rank i takes cuda:i, as
+# torch's launch utility documents ("from GPU 0 to GPU (nproc_per_node - 1)"). SLURM shows each task GPUs of its
+# own (--gpus-per-task=1, --gpu-bind=single:1): cuda:0 in every task, while LOCAL_RANK counts on (cuda:<LOCAL_RANK>
+# would be "invalid device ordinal"). The ranks one process starts inherit its view, so one GPU there is one GPU
+# shared; a layout that leaves some rank no GPU of its own is refused with the settings that fix it.
 
 
 def visible_gpus() -> int:
@@ -326,6 +320,7 @@ class GpuLayout:
     local_world_size: int  # ranks on this node
     own_views: bool = False  # each rank sees GPUs of its own (SLURM's tasks), not its starter's
     node_gpus: Optional[int] = None  # SLURM_GPUS_ON_NODE: the GPUs the step holds on this node (SLURM's tasks)
+    devices: Optional[str] = None  # CUDA_VISIBLE_DEVICES as set (None: unset)
 
     @classmethod
     def of_rank(cls, environ: Mapping[str, str] = os.environ, rank: int = 0) -> "GpuLayout":
@@ -337,26 +332,33 @@ class GpuLayout:
             ranks = task.local_world_size if task is not None else int(environ.get("WORLD_SIZE", rank + 1))
         own = own_views(environ)
         held = environ.get("SLURM_GPUS_ON_NODE", "")
-        return cls(visible_gpus(), ranks, own, int(held) if own and held.isdigit() else None)
+        return cls(visible_gpus(), ranks, own, int(held) if own and held.isdigit() else None,
+                   environ.get("CUDA_VISIBLE_DEVICES"))
 
     @property
-    def own_gpu(self) -> bool:
-        """Each rank sees one GPU, its own: SLURM's tasks, with as many GPUs held on the node as it has ranks
-        (--gres=gpu:1 for two tasks shows both the same GPU 0)."""
-        return self.visible == 1 and self.own_views and (self.node_gpus or self.local_world_size) >= \
-            self.local_world_size
+    def listed(self) -> Optional[int]:
+        """How many devices CUDA_VISIBLE_DEVICES names (None: unset)."""
+        return None if self.devices is None else len([d for d in self.devices.split(",") if d.strip()])
+
+    @property
+    def own_gpus(self) -> bool:
+        """Each rank sees GPUs of its own: SLURM's tasks, each shown what CUDA_VISIBLE_DEVICES lists, the step
+        holding that many on the node for every task (--gres=gpu:1 for two tasks shows both the same GPU 0; no
+        SLURM_GPUS_ON_NODE: the step holds none; under MIG a process sees one of the instances listed)."""
+        return (self.own_views and self.visible >= 1 and self.listed == self.visible and self.node_gpus is not None
+                and self.node_gpus >= self.visible * self.local_world_size)
 
     @property
     def fits(self) -> bool:
         """Every rank of the node has a GPU of its own."""
-        return self.visible >= self.local_world_size or self.own_gpu
+        return self.own_gpus or self.visible >= self.local_world_size
 
     def index(self, local_rank: int, owner: str = "TrainConfig") -> int:
         """The GPU (cuda:<index>) of the rank numbered local_rank on its node; ConfigError where it has none."""
+        if self.own_gpus:
+            return 0  # SLURM showed this task GPUs of its own: the first is cuda:0 inside it
         if self.visible >= self.local_world_size:
             return local_rank  # every rank sees the node's GPUs: the i-th rank takes the i-th
-        if self.own_gpu:
-            return 0  # SLURM showed this task its own GPU, and it is always cuda:0 inside it
         raise self.refusal(owner)
 
     def refusal(self, owner: str = "TrainConfig") -> ConfigError:
@@ -365,22 +367,30 @@ class GpuLayout:
         if n == 0:
             return refused("backend", "nccl", f"nccl needs CUDA GPUs and none is visible; use "
                                               f"{setting('backend', 'gloo')} (CPU) or 'auto'", owner)
-        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-        shown = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
+        shown = f" (CUDA_VISIBLE_DEVICES={self.devices!r})" if self.devices is not None else ""
         if self.own_views:
-            what = (f"share the {self.node_gpus} GPU(s) the step holds on it (SLURM_GPUS_ON_NODE={self.node_gpus}), "
-                    f"each seeing one{shown}" if n == 1 and self.node_gpus is not None else
-                    f"each see {n} GPUs{shown}, neither one of their own nor one for every rank of the node")
-            how = (f"this node's {ranks} ranks (SLURM's tasks, LOCAL_WORLD_SIZE={ranks}) {what}. Ask SLURM for "
-                   f"--gpus-per-node={ranks} (every task sees the node's GPUs; a rank takes cuda:<local rank>) or "
-                   "--gpus-per-task=1 (each task sees its own GPU as cuda:0)")
+            how = (f"this node's {ranks} ranks (SLURM's tasks, LOCAL_WORLD_SIZE={ranks}) {self._task_view(shown)}. "
+                   f"Ask SLURM for --gpus-per-node={ranks} (every task sees the node's GPUs; a rank takes "
+                   "cuda:<local rank>) or --gpus-per-task=1 (each task sees its own GPU as cuda:0)")
         else:
-            how = (f"this node's {ranks} ranks (LOCAL_WORLD_SIZE={ranks}) share the {n} GPU(s) torchrun's agent "
-                   f"sees{shown}, as its workers inherit its view: give the task that runs torchrun the node's GPUs "
+            how = (f"this node's {ranks} ranks (LOCAL_WORLD_SIZE={ranks}) share the {n} GPU(s) they all see{shown}, "
+                   "as torchrun's workers inherit its view: give the task that runs torchrun the node's GPUs "
                    f"(SLURM: --gpus-per-node={ranks}, not --gpus-per-task=1) or start {n} rank(s) per node "
                    f"(torchrun --nproc-per-node={n})")
         return ConfigError(f"{setting('backend', 'nccl', owner=owner)} is not accepted: nccl needs one GPU per rank, "
                            f"and {how}; or use {setting('backend', 'gloo')} (CPU)")
+
+    def _task_view(self, shown: str) -> str:
+        """What SLURM's tasks see that leaves some of them no GPU of their own."""
+        n = self.visible
+        if self.listed is not None and self.listed != n:
+            return (f"each see {n} of the {self.listed} devices CUDA_VISIBLE_DEVICES lists{shown} (under MIG a "
+                    "process sees one instance), so no task can tell which is its own")
+        if self.node_gpus is None:
+            return (f"each see {n} GPU(s){shown} that SLURM did not give the step (no SLURM_GPUS_ON_NODE), "
+                    "so they may all be the same")
+        return (f"share the {self.node_gpus} GPU(s) the step holds on it (SLURM_GPUS_ON_NODE={self.node_gpus}), "
+                f"each seeing {n}{shown}")
 
 
 def rank_gpu(rank: int, environ: Mapping[str, str] = os.environ) -> int:

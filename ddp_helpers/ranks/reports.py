@@ -319,12 +319,12 @@ def diagnose(reports: Dict[int, Report], run_dir: str, world_size: int, first: O
 
 
 def _unresponsive(silent: List[int], launched: bool) -> str:
-    """Why the ranks with no report are blamed: the lowest is named, every other one with it."""
+    """Why the ranks with no report are blamed: the lowest is named, and under launch() every other one with it."""
+    if not launched:  # a torchrun rank reads its node's folder only: a rank silent there may have reported elsewhere
+        return ("reported nothing while the others failed in a collective with it: it was killed, or it hung or "
+                "skipped a collective")
     also = ranks_text(silent[1:]) if len(silent) > 1 else ""
     it, was = ("them", "they were") if also else ("it", "it was")
-    if not launched:  # a torchrun rank knows only what the run folder holds
-        return (f"reported nothing{', nor did ' + also if also else ''} while the others failed in a collective "
-                f"with {it}: {was} killed, or hung or skipped a collective")
     return (f"stopped responding{', as did ' + also if also else ''}: the other ranks timed out waiting for {it} "
             f"in a collective (a hang, a deadlock, or a rank that skipped a collective); {was} then terminated "
             "(see notebook 13, #7-timed-out-waiting-for-recv-operation-the-nccl-watchdog-timeout)")

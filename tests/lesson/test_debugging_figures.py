@@ -173,6 +173,18 @@ def test_a_crash_before_the_first_checkpoint_starts_afresh_and_ranks_may_stop_at
     assert "rank 0 fails at step 5" in d.alt and "the agent stops rank 1 at step 7" in d.alt
 
 
+def test_a_pruned_checkpoint_is_still_the_one_loaded_and_each_file_has_one_writer():
+    # checkpoint_keep=2: ckpt-36 was loaded by attempt 1, then pruned; ckpt-10's step 9 was trained by both
+    # attempts (attempt 0 died before its file was whole): only the last one that trained it wrote the file listed
+    events = ["restart_count=0", "failed (exitcode: 1) local_rank: 1", "restart_count=1"]
+    d = draw_restarts([_attempt((0, 40), (0, 40)), _attempt((36, 64), (36, 64))],
+                      ["ckpt-0000060.pt", "ckpt-0000064.pt"], events)
+    assert "Attempt 1 loads ckpt-0000036.pt (since removed) and resumes at step 36" in d.alt
+    d = draw_restarts([_attempt((0, 10), (0, 10)), _attempt((0, 20), (0, 20))], ["ckpt-0000010.pt"], events)
+    lines = _artists(d, "lines")
+    assert "checkpoints attempt 0" not in lines and list(lines["checkpoints attempt 1"].get_xdata()) == [10]
+
+
 def test_the_agents_events_split_into_attempts():
     assert attempt_failures(agent_events(AGENT_LOG)) == [[(1, 1)], []]
 

@@ -146,18 +146,19 @@ def test_every_rank_the_others_waited_for_is_named(asleep):
 
 @pytest.mark.parametrize("launched", [True, False])
 @pytest.mark.parametrize("silent", [[1], [1, 3], [1, 2, 3]])
-def test_the_diagnosis_names_every_silent_rank(tmp_path, silent, launched):
-    # rank 0 timed out in a collective; the others reported nothing (launch knows their exit codes, a torchrun
-    # rank only the run folder)
+def test_the_diagnosis_names_every_silent_rank_it_can_see(tmp_path, silent, launched):
+    # rank 0 timed out in a collective; the others reported nothing. launch() started every rank here, so each
+    # silent one is named; a torchrun rank reads only its node's folder (a rank silent there may have reported on
+    # its own node), so it names the lowest only, as before
     timed_out = Report(False, text="DistBackendError: timed out", in_collective=True)
     reports = {r: timed_out for r in range(4) if r not in silent}
     codes = [1 if r in reports else -15 for r in range(4)] if launched else None
     err = diagnose(reports, str(tmp_path), 4, first=0, codes=codes)
-    also = {1: "", 2: " rank 3", 3: " ranks 2 and 3"}[len(silent)]
-    expected = (f"stopped responding{', as did' + also if also else ''}:" if launched
-                else f"reported nothing{', nor did' + also if also else ''} while")
+    also = {1: "", 2: ", as did rank 3", 3: ", as did ranks 2 and 3"}[len(silent)]
+    expected = (f"stopped responding{also}:" if launched
+                else "reported nothing while the others failed in a collective with it: it was killed")
     assert err.rank == 1 and err.message.startswith(expected), err.message
-    assert ("them" in err.message) == (len(silent) > 1)
+    assert ("them" in err.message) == (launched and len(silent) > 1)
 
 
 @pytest.mark.slow

@@ -61,30 +61,39 @@ def _torchrun_worker(monkeypatch, local_rank: int, local_world_size: int, **extr
                  MASTER_ADDR="gpu07", MASTER_PORT="29500", TORCHELASTIC_RUN_ID="job", **extra)
 
 
-@pytest.mark.parametrize("visible, ranks, own, local_rank, index", [
-    (4, 4, False, 3, 3),  # every rank sees the node's GPUs (torchrun, launch(), --gpus-per-node)
-    (4, 4, True, 3, 3),  # srun --gpus-per-node=4: each task sees the node's GPUs
-    (8, 4, True, 2, 2),  # more GPUs than ranks: the first ones
-    (1, 4, True, 3, 0),  # srun --gpus-per-task=1: each task's own GPU is its cuda:0
-    (1, 1, False, 0, 0),  # one rank, one GPU
+@pytest.mark.parametrize("visible, ranks, own, held, devices, local_rank, index", [
+    (4, 4, False, None, None, 3, 3),  # every rank sees the node's GPUs (torchrun, launch())
+    (4, 4, True, 4, "0,1,2,3", 3, 3),  # srun --gpus-per-node=4: each task sees the node's GPUs
+    (8, 4, True, None, None, 2, 2),  # more GPUs than ranks: the first ones
+    (1, 4, True, 4, "3", 3, 0),  # srun --gpus-per-task=1: each task's own GPU is its cuda:0
+    (2, 4, True, 8, "6,7", 3, 0),  # srun --gpus-per-task=2: the first of its own two
+    (1, 1, False, None, None, 0, 0),  # one rank, one GPU
 ])
-def test_each_layout_gives_its_gpu(visible, ranks, own, local_rank, index):
-    layout = GpuLayout(visible, ranks, own)
+def test_each_layout_gives_its_gpu(visible, ranks, own, held, devices, local_rank, index):
+    layout = GpuLayout(visible, ranks, own, held, devices)
     assert layout.fits and layout.index(local_rank) == index
 
 
-@pytest.mark.parametrize("visible, ranks, own, held", [(2, 4, True, None), (3, 4, False, None), (1, 2, False, None),
-                                                       (0, 2, True, None), (1, 2, True, 1)])
-def test_a_layout_leaving_a_rank_without_a_gpu_is_refused(visible, ranks, own, held):
-    layout = GpuLayout(visible, ranks, own, held)
+@pytest.mark.parametrize("visible, ranks, own, held, devices, said", [
+    (2, 4, True, 4, "0,1", "share the 4 GPU(s) the step holds on it (SLURM_GPUS_ON_NODE=4), each seeing 2"),
+    (3, 4, False, None, None, "share the 3 GPU(s) they all see"),
+    (1, 2, False, None, None, "share the 1 GPU(s) they all see"),
+    (0, 2, True, None, None, "none is visible"),
+    (1, 2, True, 1, "0", "share the 1 GPU(s) the step holds on it"),  # srun -n2 --gres=gpu:1
+    (1, 2, True, None, None, "that SLURM did not give the step (no SLURM_GPUS_ON_NODE)"),  # srun -n2, no gres
+    (1, 2, True, 2, "MIG-a,MIG-b", "each see 1 of the 2 devices CUDA_VISIBLE_DEVICES lists"),  # MIG
+])
+def test_a_layout_leaving_a_rank_without_a_gpu_is_refused(visible, ranks, own, held, devices, said):
+    layout = GpuLayout(visible, ranks, own, held, devices)
     assert not layout.fits
-    with pytest.raises(ConfigError, match=r"TrainConfig\.backend='nccl' is not accepted: nccl needs"):
+    with pytest.raises(ConfigError, match=r"TrainConfig\.backend='nccl' is not accepted: nccl needs") as refused:
         layout.index(0)
+    assert said in str(refused.value)
 
 
 def test_srun_gpus_per_task_rank_takes_cuda_0(monkeypatch, gpus):
     chosen = gpus(1)  # srun --gpus-per-task=1: CUDA_VISIBLE_DEVICES names one GPU in each task
-    _srun_task(monkeypatch, localid=2, CUDA_VISIBLE_DEVICES="2")
+    _srun_task(monkeypatch, localid=2, CUDA_VISIBLE_DEVICES="2", SLURM_GPUS_ON_NODE="4")
     assert device_for(6, "nccl") == torch.device("cuda", 0) and chosen == [0]  # not cuda:2: invalid ordinal
     sizes = RankSizes.checked(4, 1, owner="TrainConfig", room=False)
     assert sizes.place("nccl", None, layout=GpuLayout.of_rank()) == "nccl"  # not refused before the launch
@@ -128,7 +137,7 @@ def test_srun_tasks_seeing_some_gpus_are_refused_with_both_fixes(monkeypatch, gp
         device_for(5, "nccl")
     words = str(refused.value)
     assert "TrainConfig.backend='nccl' is not accepted" in words and "LOCAL_WORLD_SIZE=4" in words
-    assert "each see 2 GPUs (CUDA_VISIBLE_DEVICES='0,1')" in words
+    assert "each see 2 GPU(s) (CUDA_VISIBLE_DEVICES='0,1') that SLURM did not give the step" in words
     assert "--gpus-per-node=4" in words and "--gpus-per-task=1" in words and "backend='gloo'" in words
     with pytest.raises(ConfigError, match="--gpus-per-node=4"):
         RankSizes.checked(4, 1, owner="TrainConfig", room=False).place("nccl", None, layout=GpuLayout.of_rank())
@@ -142,7 +151,7 @@ def test_torchrun_workers_sharing_one_gpu_are_refused(monkeypatch, gpus):
     with pytest.raises(ConfigError) as refused:
         device_for(3, "nccl")
     words = str(refused.value)
-    assert "share the 1 GPU(s) torchrun's agent sees" in words and "--gpus-per-node=2" in words and "--nproc-per-node=1" in words
+    assert "share the 1 GPU(s) they all see" in words and "--gpus-per-node=2" in words and "--nproc-per-node=1" in words
     assert resolve_backend("auto", 2, layout=GpuLayout.of_rank()) == "gloo"  # auto: CPU ranks, as before
 
 

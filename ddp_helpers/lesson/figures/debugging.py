@@ -270,7 +270,9 @@ def _attempt_events(ax: Axes, a: int, rows: Rows, failures: Sequence[Tuple[int, 
     mine = {r: steps for b, r, steps in rows if b == a}
     pad = 0.5 + 0.02 * max((s for _, _, steps in rows for s in steps), default=0)  # a label's gap, in steps
     said = [_draw_resume(ax, a, mine, saved, y[a, min(mine)], pad) + _trained_words(mine)]
-    wrote = [n for n in saved if n - 1 in mine.get(0, [])]  # rank 0 writes ckpt-N after step N - 1
+    # rank 0 writes ckpt-N after step N - 1: the last attempt that trained that step wrote the file listed
+    later = {s for b, r, steps in rows if b > a and r == 0 for s in steps}
+    wrote = [n for n in saved if n - 1 in mine.get(0, []) and n - 1 not in later]
     if wrote:
         ax.plot(wrote, [y[a, 0]] * len(wrote), ls="none", marker="D", ms=5, color="white", mec="black",
                 gid=f"checkpoints attempt {a}")
@@ -286,8 +288,10 @@ def _draw_resume(ax: Axes, a: int, mine: Mapping[int, Sequence[int]], saved: Seq
         return f"Attempt {a}: "
     start = trained[0]
     ax.axvline(start, color="black", lw=0.8, ls=":", gid=f"resume attempt {a}")
-    done = f"loads ckpt-{start:07d}.pt" if start in saved else "finds no checkpoint"
-    then = f"{'resumes' if start in saved else 'starts'} at step {start}"
+    # a restart past step 0 loaded ckpt-<start>, listed or since pruned (checkpoint_keep)
+    gone = "" if start in saved else " (since removed)"
+    done = f"loads ckpt-{start:07d}.pt{gone}" if start else "finds no checkpoint"
+    then = f"{'resumes' if start else 'starts'} at step {start}"
     if start >= 0.3 * (trained[-1] + 1):  # room on the left: the label points at the start
         ax.annotate(f"attempt {a} {done}:\n{then}", xy=(start, top), xytext=(start - 2, top), ha="right",
                     va="center", fontsize=6.5, arrowprops=dict(arrowstyle="-|>", color="black", lw=0.8))
