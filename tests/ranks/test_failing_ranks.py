@@ -6,6 +6,7 @@ import datetime
 import os
 import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -126,7 +127,7 @@ def test_stuck_rank_is_named_after_the_collective_timeout():
 
 def _some_ranks_never_arrive(rank: int, world_size: int, asleep: int):
     if 0 < rank <= asleep:
-        time.sleep(300)  # busy elsewhere: never reaches the barrier (the launcher ends it)
+        threading.Event().wait()  # busy elsewhere: never reaches the barrier (the launcher ends it)
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=True)
     return rank
 
