@@ -219,7 +219,7 @@ def draw_compiled_overlap(settings: Dict[str, tuple], comm_per_compute: float = 
                         "all-reduce to its bucket's)", fontsize=8)
     fig.legend([Patch(color="#7f7f7f"), Patch(color=SEND_COLORS[0])],
                ["a graph piece's backward (its Linear layers, numbered in forward order)",
-                "a DDP bucket's all-reduce (its layers), started once the piece holding its gradients has run"],
+                "a DDP bucket's all-reduce (its layers), started once every piece holding one of them has run"],
                loc="outside lower center", ncols=1, fontsize=7, frameon=False)
     return Diagram(fig, _compiled_alt(settings, drawn, sends))
 

@@ -219,7 +219,7 @@ def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Op
     ax_loss, ax_gap = fig.subplots(2, 1, sharex=True)
     for i, (label, loss) in enumerate(losses.items()):
         loss = np.asarray(loss, dtype=float)
-        steps = np.arange(1, len(loss) + 1)
+        steps = np.arange(len(loss))  # step 0 first, as the records number them
         if label == reference:  # drawn last and on top, black and dashed with markers: never hidden by the others
             ax_loss.plot(steps, loss, color="black", lw=1.6, ls="--", marker="o", markersize=3, zorder=5,
                          label=f"{label} (reference)")
@@ -229,8 +229,8 @@ def plot_loss_gaps(losses: Dict[str, Sequence[float]], reference: str, title: Op
         ax_gap.plot(steps[:n], loss[:n] - ref[:n], color=rank_color(i), lw=1.2, marker="o", markersize=2.5,
                     label=f"{label} - {reference}")
     ax_gap.axhline(0.0, color="black", lw=1.2, ls="--", label=f"{reference} (0)", zorder=5)
-    ax_loss.set(xlabel="optimizer steps", ylabel="training loss")
-    ax_gap.set(xlabel="optimizer steps", ylabel=f"loss minus the {reference} loss")
+    ax_loss.set(xlabel="step", ylabel="training loss")
+    ax_gap.set(xlabel="step", ylabel=f"loss minus the {reference} loss")
     for ax in (ax_loss, ax_gap):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
