@@ -15,16 +15,14 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from ..common.errors import ConfigError, SaysSettings, refused, render, setting
 from ..common.torch_state import half_imported, import_torch
 from . import cores
 from .cores import binding_plan, default_threads  # noqa: F401 - default_threads: the plan's threads
+from .env import GpuLayout, visible_gpus
 from .startmethod import START_METHODS, resolve_start_method
-
-if TYPE_CHECKING:
-    from .env import GpuLayout
 
 LAUNCH_BACKENDS = ("gloo", "nccl", "auto")
 MAX_POLL_S = 60.0  # between two looks at the ranks (on_poll's period), at most
@@ -217,13 +215,13 @@ def _check_main_module(method: str) -> None:
 
 
 def resolve_backend(backend: str, world_size: int, owner: str = "TrainConfig",
-                    layout: "Optional[GpuLayout]" = None) -> str:
+                    layout: Optional[GpuLayout] = None) -> str:
     """'auto' -> nccl when every rank gets a GPU of its own (env.GpuLayout: the rule each rank follows), else
     gloo; 'nccl' refused where some rank would have none. layout: a rank's own (under torchrun or srun), else the
     world_size ranks this process starts, which all see its GPUs."""
     if backend == "gloo":
         return backend  # nothing to ask torch: a launcher without torch imported stays so
-    from .env import GpuLayout, visible_gpus  # torch importable: check_start_method named a half-imported one
+    # visible_gpus imports torch: importable, check_start_method named a half-imported one
 
     launched = layout is None
     layout = layout or GpuLayout(visible_gpus(), world_size)
@@ -315,7 +313,7 @@ class RankSizes:
         return cls(world_size, threads, owner, machine)
 
     def place(self, backend: str, bind_cores: Optional[bool], init_group: bool = True,
-              layout: "Optional[GpuLayout]" = None) -> str:
+              layout: Optional[GpuLayout] = None) -> str:
         """The backend resolved for these ranks (their GPUs counted; layout: a running rank's, see resolve_backend)
         and their core binding checked; the backend."""
         backend = resolve_backend(backend, self.world_size, self.owner, layout)
